@@ -1,0 +1,36 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Device meshes: an N-d grid of the ranks of a communicator, row-major, with one sub-communicator per
+ * mesh dim (the ranks that differ only in that coordinate). */
+#ifndef DTL_MESH_H
+#define DTL_MESH_H
+
+#include "dtl/comm.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct dtl_mesh dtl_mesh;
+
+/* Collective over c. 1 <= ndim <= DTL_MAX_MESH_DIMS, every shape[i] >= 1, product == dtl_comm_size(c).
+ * The mesh keeps a reference to c: destroy the mesh before c. */
+DTL_API dtl_status dtl_mesh_create(dtl_comm *c, int ndim, const int *shape, dtl_mesh **out);
+DTL_API int dtl_mesh_ndim(const dtl_mesh *m);                 /* -1 for NULL */
+DTL_API int dtl_mesh_dim_size(const dtl_mesh *m, int mesh_dim); /* -1 when out of range */
+DTL_API int dtl_mesh_size(const dtl_mesh *m);                 /* product of the shape */
+/* This rank's coordinate, ndim entries. */
+DTL_API void dtl_mesh_coord(const dtl_mesh *m, int *coord);
+/* The communicator over the mesh's ranks (the one given to dtl_mesh_create). */
+DTL_API dtl_comm *dtl_mesh_comm(const dtl_mesh *m);
+/* The communicator along mesh_dim; its rank equals this rank's coordinate on mesh_dim. NULL out of range. */
+DTL_API dtl_comm *dtl_mesh_dim_comm(const dtl_mesh *m, int mesh_dim);
+/* Row-major conversions between a coordinate and a rank of the mesh communicator. */
+DTL_API dtl_status dtl_mesh_rank_of(const dtl_mesh *m, const int *coord, int *rank);
+DTL_API dtl_status dtl_mesh_coord_of(const dtl_mesh *m, int rank, int *coord);
+/* Frees the sub-communicators and the plan cache of the mesh. */
+DTL_API void dtl_mesh_destroy(dtl_mesh *m);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

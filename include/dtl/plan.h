@@ -1,0 +1,62 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Redistribution: a plan turns a source layout into a target layout over the same mesh with the cheapest
+ * sequence of collectives under an alpha-beta cost model. Creating a plan is pure (no communication) and
+ * deterministic, so every rank derives the same plan; executing it is collective over the mesh. */
+#ifndef DTL_PLAN_H
+#define DTL_PLAN_H
+
+#include "dtl/layout.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct dtl_plan dtl_plan;
+
+/* Cost model: a step costs rounds * alpha_s + bytes moved per rank * beta_s_per_byte; purely local steps
+ * cost bytes touched * local_beta_s_per_byte. Fields are read only when their bit is set in mask; a zeroed
+ * struct means the defaults of the mesh's engine (also overridable with DTL_PLAN_TUNE, see README). */
+#define DTL_COST_ALPHA (1u << 0)
+#define DTL_COST_BETA (1u << 1)
+#define DTL_COST_LOCAL_BETA (1u << 2)
+typedef struct {
+  uint64_t mask;
+  double alpha_s;
+  double beta_s_per_byte;
+  double local_beta_s_per_byte;
+} dtl_cost_model;
+
+/* src and dst must share mesh, dtype and global shape. Unsupported transitions (S->P, P(a)->P(b)) return
+ * DTL_ERR_UNSUPPORTED with the reason. */
+DTL_API dtl_status dtl_plan_create(const dtl_layout *src, const dtl_layout *dst, dtl_plan **out);
+DTL_API dtl_status dtl_plan_create_with_cost(const dtl_layout *src, const dtl_layout *dst, const dtl_cost_model *cost,
+                                             dtl_plan **out);
+/* Collective over the mesh. src_local is this rank's shard of src (never written); dst_local receives this
+ * rank's shard of dst. src_local == dst_local is rejected unless the plan is purely local. */
+DTL_API dtl_status dtl_plan_execute(const dtl_plan *p, const void *src_local, void *dst_local);
+/* EXPLAIN-style text: one line per step (mesh dim, collective, tensor dims, bytes sent/received per rank,
+ * estimated time) and the total. A too-small buffer is DTL_ERR_INVALID_ARGUMENT naming the size needed,
+ * which dtl_plan_explain_needed returns (including the NUL). */
+DTL_API dtl_status dtl_plan_explain(const dtl_plan *p, char *buf, size_t cap);
+DTL_API size_t dtl_plan_explain_needed(const dtl_plan *p);
+DTL_API int dtl_plan_num_steps(const dtl_plan *p);
+/* Steps that communicate (local slices and no-ops excluded). */
+DTL_API int dtl_plan_num_collectives(const dtl_plan *p);
+/* Estimated seconds under the plan's cost model. */
+DTL_API double dtl_plan_cost(const dtl_plan *p);
+/* Temporary memory one execution allocates, in bytes: at most the larger of the local source and target shards. */
+DTL_API size_t dtl_plan_scratch_bytes(const dtl_plan *p);
+DTL_API void dtl_plan_destroy(dtl_plan *p);
+
+/* Plans (cached per mesh by the (src, dst) pair, so repeated calls cost about a hash lookup) and executes. */
+DTL_API dtl_status dtl_redistribute(const dtl_layout *src, const void *src_local, const dtl_layout *dst, void *dst_local);
+/* The dense tensor on root (read there only) -> this rank's local shard of l, for any layout; a Partial
+ * placement gets the value on coordinate 0 and the identity of its op elsewhere (max/min/avg: the value). */
+DTL_API dtl_status dtl_distribute(const dtl_layout *l, const void *dense_on_root, int root, void *local);
+/* Any layout -> the dense tensor on every rank (pending Partial reductions applied). */
+DTL_API dtl_status dtl_full_tensor(const dtl_layout *l, const void *local, void *dense);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,44 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Element types and reduction operators: sizes, names and parsing. */
+#include <string.h>
+#include "common/internal.h"
+
+static const struct {
+  const char *name, *alias;
+  size_t size;
+  bool is_float;
+} dtl__dtypes[DTL_NUM_DTYPES] = {
+    [DTL_FLOAT32] = {"f32", "float32", 4, true}, [DTL_FLOAT64] = {"f64", "float64", 8, true},
+    [DTL_FLOAT16] = {"f16", "float16", 2, true}, [DTL_BFLOAT16] = {"bf16", "bfloat16", 2, true},
+    [DTL_INT8] = {"i8", "int8", 1, false},       [DTL_UINT8] = {"u8", "uint8", 1, false},
+    [DTL_INT32] = {"i32", "int32", 4, false},    [DTL_INT64] = {"i64", "int64", 8, false},
+};
+static const char *const dtl__op_names[DTL_NUM_REDUCE_OPS] = {"sum", "prod", "max", "min", "avg"};
+
+bool dtl__dtype_valid(dtl_dtype t) { return (unsigned)t < DTL_NUM_DTYPES; }
+bool dtl__reduce_op_valid(dtl_reduce_op op) { return (unsigned)op < DTL_NUM_REDUCE_OPS; }
+bool dtl__dtype_is_float(dtl_dtype t) { return dtl__dtype_valid(t) && dtl__dtypes[t].is_float; }
+size_t dtl_dtype_size(dtl_dtype t) { return dtl__dtype_valid(t) ? dtl__dtypes[t].size : 0; }
+const char *dtl_dtype_name(dtl_dtype t) { return dtl__dtype_valid(t) ? dtl__dtypes[t].name : NULL; }
+const char *dtl_reduce_op_name(dtl_reduce_op op) { return dtl__reduce_op_valid(op) ? dtl__op_names[op] : NULL; }
+
+dtl_status dtl_dtype_parse(const char *text, dtl_dtype *out) {
+  DTL_CHECK_ARG(text != NULL, "dtl_dtype_parse", "text=NULL");
+  DTL_CHECK_ARG(out != NULL, "dtl_dtype_parse", "out=NULL");
+  for (int t = 0; t < DTL_NUM_DTYPES; t++) {
+    if (strcmp(text, dtl__dtypes[t].name) == 0 || strcmp(text, dtl__dtypes[t].alias) == 0) {
+      *out = (dtl_dtype)t;
+      return DTL_OK;
+    }
+  }
+  return dtl__error(DTL_ERR_INVALID_ARGUMENT,
+                    "dtl_dtype_parse: text=\"%s\" (expected f32, f64, f16, bf16, i8, u8, i32 or i64)", text);
+}
+
+dtl_status dtl__bytes(const char *fn, const char *arg, size_t count, dtl_dtype t, size_t *bytes) {
+  if (!dtl__dtype_valid(t)) return dtl__error(DTL_ERR_INVALID_ARGUMENT, "%s: dtype=%d (expected 0..%d)", fn, (int)t, DTL_NUM_DTYPES - 1);
+  if (!dtl__mul_size(count, dtl__dtypes[t].size, bytes))
+    return dtl__error(DTL_ERR_INVALID_ARGUMENT, "%s: %s=%zu overflows size_t bytes for dtype %s", fn, arg, count,
+                      dtl__dtypes[t].name);
+  return DTL_OK;
+}

@@ -1,0 +1,42 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* This file is private to dtl. It defines the mesh and layout objects so that the redistribution layer
+ * above can read them without accessor calls on its hot path, and the box math it shares with them. */
+#ifndef DTL_LAYOUT_INTERNAL_H
+#define DTL_LAYOUT_INTERNAL_H
+
+#include "comm/backend.h"
+
+struct dtl_mesh {
+  dtl_comm *comm; /* not owned */
+  int ndim;
+  int shape[DTL_MAX_MESH_DIMS];
+  int coord[DTL_MAX_MESH_DIMS];
+  dtl_comm *dim_comm[DTL_MAX_MESH_DIMS]; /* owned */
+  /* A cache owned by the layer above (redistribute keeps its plans here), freed with the mesh. It lives
+   * on the mesh rather than in a global so that dtl keeps no hidden process state. */
+  void *cache;
+  void (*cache_free)(void *cache);
+};
+
+struct dtl_layout {
+  const dtl_mesh *mesh;
+  dtl_dtype dtype;
+  int ndim;
+  int64_t shape[DTL_MAX_TENSOR_DIMS];
+  dtl_placement placements[DTL_MAX_MESH_DIMS]; /* normalised: shard dims in 0..ndim-1 */
+  /* This rank's box, computed once at creation. */
+  int64_t local_shape[DTL_MAX_TENSOR_DIMS], local_offset[DTL_MAX_TENSOR_DIMS];
+  size_t local_count, global_count;
+};
+
+/* torch.chunk: the [offset, offset+size) piece that chunk index i of k gets from a dim of size n. */
+void dtl__chunk(int64_t n, int k, int i, int64_t *offset, int64_t *size);
+/* The local box of the rank at coord for placements p over shape (no validation): the one rule that every
+ * layer (layout queries, planner byte counts, executor pack boxes) shares. */
+void dtl__local_box(const dtl_mesh *m, int ndim, const int64_t *shape, const dtl_placement *p, const int *coord,
+                    int64_t *box_shape, int64_t *box_offset);
+/* Hash and equality of (mesh, dtype, shape, placements), for plan caches and DTL_CHECK fingerprints. */
+uint64_t dtl__layout_hash(const dtl_layout *l);
+bool dtl__layout_equal(const dtl_layout *a, const dtl_layout *b);
+
+#endif

@@ -1,0 +1,92 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Device meshes: row-major coordinates over a communicator and one sub-communicator per mesh dim. */
+#include <stdlib.h>
+#include "layout/layout_internal.h"
+
+static void dtl__mesh_coord_of_rank(const dtl_mesh *m, int rank, int *coord) {
+  for (int d = m->ndim - 1; d >= 0; d--) {
+    coord[d] = rank % m->shape[d];
+    rank /= m->shape[d];
+  }
+}
+
+dtl_status dtl_mesh_create(dtl_comm *c, int ndim, const int *shape, dtl_mesh **out) {
+  static const char fn[] = "dtl_mesh_create";
+  DTL_CHECK_ARG(c != NULL, fn, "comm=NULL");
+  DTL_CHECK_ARG(out != NULL, fn, "out=NULL");
+  DTL_CHECK_ARG(ndim >= 1 && ndim <= DTL_MAX_MESH_DIMS, fn, "ndim=%d (expected 1..%d)", ndim, DTL_MAX_MESH_DIMS);
+  DTL_CHECK_ARG(shape != NULL, fn, "shape=NULL");
+  int64_t prod = 1;
+  for (int d = 0; d < ndim; d++) {
+    DTL_CHECK_ARG(shape[d] >= 1, fn, "shape[%d]=%d (expected >= 1)", d, shape[d]);
+    prod *= shape[d];
+    if (prod > dtl_comm_size(c)) break;
+  }
+  if (prod != dtl_comm_size(c)) {
+    char txt[64];
+    int o = 0;
+    for (int d = 0; d < ndim && o < 48; d++) o += snprintf(txt + o, sizeof txt - (size_t)o, d ? "x%d" : "%d", shape[d]);
+    return dtl__error(DTL_ERR_INVALID_ARGUMENT, "%s: shape=%s has %lld ranks but the communicator has %d", fn, txt,
+                      (long long)prod, dtl_comm_size(c));
+  }
+  dtl_mesh *m = calloc(1, sizeof *m);
+  if (!m) return dtl__error(DTL_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
+  m->comm = c;
+  m->ndim = ndim;
+  for (int d = 0; d < ndim; d++) m->shape[d] = shape[d];
+  dtl__mesh_coord_of_rank(m, dtl_comm_rank(c), m->coord);
+  /* Along dim d, ranks sharing every other coordinate form one group; its color is the rank with
+   * coordinate d zeroed, its key the coordinate itself, so the sub-rank equals coord[d]. */
+  for (int d = 0; d < ndim; d++) {
+    int color = 0;
+    for (int e = 0; e < ndim; e++) color = color * m->shape[e] + (e == d ? 0 : m->coord[e]);
+    dtl_status st = dtl_comm_split(c, color, m->coord[d], &m->dim_comm[d]);
+    if (st != DTL_OK) {
+      dtl_mesh_destroy(m);
+      return dtl__error_prefix(st, "%s: splitting mesh dim %d", fn, d);
+    }
+  }
+  *out = m;
+  return DTL_OK;
+}
+
+int dtl_mesh_ndim(const dtl_mesh *m) { return m ? m->ndim : -1; }
+int dtl_mesh_dim_size(const dtl_mesh *m, int d) { return (m && d >= 0 && d < m->ndim) ? m->shape[d] : -1; }
+int dtl_mesh_size(const dtl_mesh *m) { return m ? dtl_comm_size(m->comm) : -1; }
+dtl_comm *dtl_mesh_comm(const dtl_mesh *m) { return m ? m->comm : NULL; }
+dtl_comm *dtl_mesh_dim_comm(const dtl_mesh *m, int d) { return (m && d >= 0 && d < m->ndim) ? m->dim_comm[d] : NULL; }
+
+void dtl_mesh_coord(const dtl_mesh *m, int *coord) {
+  if (!m || !coord) return;
+  for (int d = 0; d < m->ndim; d++) coord[d] = m->coord[d];
+}
+
+dtl_status dtl_mesh_rank_of(const dtl_mesh *m, const int *coord, int *rank) {
+  static const char fn[] = "dtl_mesh_rank_of";
+  DTL_CHECK_ARG(m != NULL, fn, "mesh=NULL");
+  DTL_CHECK_ARG(coord != NULL, fn, "coord=NULL");
+  DTL_CHECK_ARG(rank != NULL, fn, "rank=NULL");
+  int r = 0;
+  for (int d = 0; d < m->ndim; d++) {
+    DTL_CHECK_ARG(coord[d] >= 0 && coord[d] < m->shape[d], fn, "coord[%d]=%d (expected 0..%d)", d, coord[d], m->shape[d] - 1);
+    r = r * m->shape[d] + coord[d];
+  }
+  *rank = r;
+  return DTL_OK;
+}
+
+dtl_status dtl_mesh_coord_of(const dtl_mesh *m, int rank, int *coord) {
+  static const char fn[] = "dtl_mesh_coord_of";
+  DTL_CHECK_ARG(m != NULL, fn, "mesh=NULL");
+  DTL_CHECK_ARG(coord != NULL, fn, "coord=NULL");
+  DTL_CHECK_ARG(rank >= 0 && rank < dtl_comm_size(m->comm), fn, "rank=%d (expected 0..%d)", rank, dtl_comm_size(m->comm) - 1);
+  dtl__mesh_coord_of_rank(m, rank, coord);
+  return DTL_OK;
+}
+
+void dtl_mesh_destroy(dtl_mesh *m) {
+  if (!m) return;
+  if (m->cache && m->cache_free) m->cache_free(m->cache);
+  for (int d = 0; d < m->ndim; d++) dtl_comm_destroy(m->dim_comm[d]);
+  free(m);
+}

@@ -1,0 +1,43 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* This file is private to dtl. It is the contract between the planner (planner.c: pure search over
+ * placements) and the executor (executor.c: runs each step on the mesh dim's communicator). A plan is a
+ * value: the source and target layouts plus a list of steps, each of which changes the placement of
+ * exactly one mesh dim. */
+#ifndef DTL_PLAN_INTERNAL_H
+#define DTL_PLAN_INTERNAL_H
+
+#include "layout/layout_internal.h"
+
+typedef enum {
+  DTL__STEP_ALL_GATHER,     /* S(i) -> R          */
+  DTL__STEP_ALL_REDUCE,     /* P(op) -> R         */
+  DTL__STEP_REDUCE_SCATTER, /* P(op) -> S(i)      */
+  DTL__STEP_ALL_TO_ALL,     /* S(i) -> S(j)       */
+  DTL__STEP_LOCAL_SLICE,    /* R -> S(i), no communication */
+  DTL__STEP_LOCAL_PARTIAL,  /* R -> P(op), no communication: coordinate 0 keeps the value, the others get the
+                               identity of op (sum: 0, prod: 1); max/min/avg keep the value everywhere */
+} dtl__step_kind;
+
+/* 6 step kinds plus a sentinel; the longest plan changes each mesh dim a bounded number of times. */
+#define DTL__MAX_PLAN_STEPS (4 * DTL_MAX_MESH_DIMS)
+
+typedef struct {
+  dtl__step_kind kind;
+  int mesh_dim;
+  /* The full placement vectors before and after the step (they differ on mesh_dim only). */
+  dtl_placement before[DTL_MAX_MESH_DIMS], after[DTL_MAX_MESH_DIMS];
+  /* Per-rank estimates for this rank's coordinate (explain), and the cost under the plan's model. */
+  uint64_t send_bytes, recv_bytes;
+  double cost_s;
+} dtl__plan_step;
+
+struct dtl_plan {
+  dtl_layout src, dst; /* copies: a plan outlives the layouts it was made from, not their mesh */
+  dtl_cost_model cost; /* resolved: every field set */
+  int nsteps;
+  dtl__plan_step steps[DTL__MAX_PLAN_STEPS];
+  double total_cost_s;
+  size_t scratch_bytes;
+};
+
+#endif

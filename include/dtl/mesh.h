@@ -15,6 +15,12 @@ typedef struct dtl_mesh dtl_mesh;
 /* Collective over c. 1 <= ndim <= DTL_MAX_MESH_DIMS, every shape[i] >= 1, product == dtl_comm_size(c).
  * The mesh keeps a reference to c: destroy the mesh before c. */
 DTL_API dtl_status dtl_mesh_create(dtl_comm *c, int ndim, const int *shape, dtl_mesh **out);
+/* A mesh with no communicator, for planning, explaining and visualizing without an MPI launch (the `dtl`
+ * tool uses it). coord is the coordinate plans are explained for (NULL = all zeros). Executing a plan on
+ * it, or asking for its communicators, fails with DTL_ERR_INVALID_ARGUMENT / returns NULL. */
+DTL_API dtl_status dtl_mesh_create_abstract(int ndim, const int *shape, const int *coord, dtl_mesh **out);
+/* 1 for a mesh made by dtl_mesh_create_abstract, 0 for one with communicators. */
+DTL_API int dtl_mesh_is_abstract(const dtl_mesh *m);
 DTL_API int dtl_mesh_ndim(const dtl_mesh *m);                 /* -1 for NULL */
 DTL_API int dtl_mesh_dim_size(const dtl_mesh *m, int mesh_dim); /* -1 when out of range */
 DTL_API int dtl_mesh_size(const dtl_mesh *m);                 /* product of the shape */

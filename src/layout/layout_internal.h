@@ -7,8 +7,8 @@
 #include "comm/backend.h"
 
 struct dtl_mesh {
-  dtl_comm *comm; /* not owned */
-  int ndim;
+  dtl_comm *comm; /* not owned; NULL for an abstract mesh */
+  int ndim, size;
   int shape[DTL_MAX_MESH_DIMS];
   int coord[DTL_MAX_MESH_DIMS];
   dtl_comm *dim_comm[DTL_MAX_MESH_DIMS]; /* owned */

@@ -10,18 +10,47 @@ static void dtl__mesh_coord_of_rank(const dtl_mesh *m, int rank, int *coord) {
   }
 }
 
+/* Checks ndim and shape; *prod gets the product (capped once it passes INT_MAX). */
+static dtl_status dtl__mesh_check_shape(const char *fn, int ndim, const int *shape, int64_t *prod) {
+  DTL_CHECK_ARG(ndim >= 1 && ndim <= DTL_MAX_MESH_DIMS, fn, "ndim=%d (expected 1..%d)", ndim, DTL_MAX_MESH_DIMS);
+  DTL_CHECK_ARG(shape != NULL, fn, "shape=NULL");
+  int64_t p = 1;
+  for (int d = 0; d < ndim; d++) {
+    DTL_CHECK_ARG(shape[d] >= 1, fn, "shape[%d]=%d (expected >= 1)", d, shape[d]);
+    if (p <= INT32_MAX) p *= shape[d];
+  }
+  DTL_CHECK_ARG(p <= INT32_MAX, fn, "shape has more than %d ranks", INT32_MAX);
+  *prod = p;
+  return DTL_OK;
+}
+
+dtl_status dtl_mesh_create_abstract(int ndim, const int *shape, const int *coord, dtl_mesh **out) {
+  static const char fn[] = "dtl_mesh_create_abstract";
+  DTL_CHECK_ARG(out != NULL, fn, "out=NULL");
+  int64_t prod;
+  DTL_TRY(dtl__mesh_check_shape(fn, ndim, shape, &prod));
+  for (int d = 0; coord && d < ndim; d++)
+    DTL_CHECK_ARG(coord[d] >= 0 && coord[d] < shape[d], fn, "coord[%d]=%d (expected 0..%d)", d, coord[d], shape[d] - 1);
+  dtl_mesh *m = calloc(1, sizeof *m);
+  if (!m) return dtl__error(DTL_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
+  m->ndim = ndim;
+  m->size = (int)prod;
+  for (int d = 0; d < ndim; d++) {
+    m->shape[d] = shape[d];
+    m->coord[d] = coord ? coord[d] : 0;
+  }
+  *out = m;
+  return DTL_OK;
+}
+
+int dtl_mesh_is_abstract(const dtl_mesh *m) { return m && m->comm == NULL; }
+
 dtl_status dtl_mesh_create(dtl_comm *c, int ndim, const int *shape, dtl_mesh **out) {
   static const char fn[] = "dtl_mesh_create";
   DTL_CHECK_ARG(c != NULL, fn, "comm=NULL");
   DTL_CHECK_ARG(out != NULL, fn, "out=NULL");
-  DTL_CHECK_ARG(ndim >= 1 && ndim <= DTL_MAX_MESH_DIMS, fn, "ndim=%d (expected 1..%d)", ndim, DTL_MAX_MESH_DIMS);
-  DTL_CHECK_ARG(shape != NULL, fn, "shape=NULL");
-  int64_t prod = 1;
-  for (int d = 0; d < ndim; d++) {
-    DTL_CHECK_ARG(shape[d] >= 1, fn, "shape[%d]=%d (expected >= 1)", d, shape[d]);
-    prod *= shape[d];
-    if (prod > dtl_comm_size(c)) break;
-  }
+  int64_t prod;
+  DTL_TRY(dtl__mesh_check_shape(fn, ndim, shape, &prod));
   if (prod != dtl_comm_size(c)) {
     char txt[64];
     int o = 0;
@@ -32,6 +61,7 @@ dtl_status dtl_mesh_create(dtl_comm *c, int ndim, const int *shape, dtl_mesh **o
   dtl_mesh *m = calloc(1, sizeof *m);
   if (!m) return dtl__error(DTL_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
   m->comm = c;
+  m->size = (int)prod;
   m->ndim = ndim;
   for (int d = 0; d < ndim; d++) m->shape[d] = shape[d];
   dtl__mesh_coord_of_rank(m, dtl_comm_rank(c), m->coord);
@@ -52,8 +82,9 @@ dtl_status dtl_mesh_create(dtl_comm *c, int ndim, const int *shape, dtl_mesh **o
 
 int dtl_mesh_ndim(const dtl_mesh *m) { return m ? m->ndim : -1; }
 int dtl_mesh_dim_size(const dtl_mesh *m, int d) { return (m && d >= 0 && d < m->ndim) ? m->shape[d] : -1; }
-int dtl_mesh_size(const dtl_mesh *m) { return m ? dtl_comm_size(m->comm) : -1; }
+int dtl_mesh_size(const dtl_mesh *m) { return m ? m->size : -1; }
 dtl_comm *dtl_mesh_comm(const dtl_mesh *m) { return m ? m->comm : NULL; }
+/* NULL on abstract meshes. */
 dtl_comm *dtl_mesh_dim_comm(const dtl_mesh *m, int d) { return (m && d >= 0 && d < m->ndim) ? m->dim_comm[d] : NULL; }
 
 void dtl_mesh_coord(const dtl_mesh *m, int *coord) {
@@ -79,7 +110,7 @@ dtl_status dtl_mesh_coord_of(const dtl_mesh *m, int rank, int *coord) {
   static const char fn[] = "dtl_mesh_coord_of";
   DTL_CHECK_ARG(m != NULL, fn, "mesh=NULL");
   DTL_CHECK_ARG(coord != NULL, fn, "coord=NULL");
-  DTL_CHECK_ARG(rank >= 0 && rank < dtl_comm_size(m->comm), fn, "rank=%d (expected 0..%d)", rank, dtl_comm_size(m->comm) - 1);
+  DTL_CHECK_ARG(rank >= 0 && rank < m->size, fn, "rank=%d (expected 0..%d)", rank, m->size - 1);
   dtl__mesh_coord_of_rank(m, rank, coord);
   return DTL_OK;
 }

@@ -40,4 +40,9 @@ struct dtl_plan {
   size_t scratch_bytes;
 };
 
+/* Implemented by the executor, called by the planner as the last step of dtl_plan_create: the temporary
+ * bytes one execution of p will allocate on this rank (at most the larger of its local source and target
+ * shards). */
+size_t dtl__executor_scratch_bytes(const struct dtl_plan *p);
+
 #endif

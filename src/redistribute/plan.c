@@ -96,7 +96,7 @@ static size_t dtl__explain_render(const dtl_plan *p, char *b) {
     dtl__bytes_text(st->send_bytes, snd, sizeof snd);
     dtl__bytes_text(st->recv_bytes, rcv, sizeof rcv);
     dtl__time_text(st->cost_s, est, sizeof est);
-    dtl__say(b, &o, "step %-2d  mesh dim %d  %-15s %-11s %-17s send %-10s  recv %-10s  est %s\n", k + 1, m,
+    dtl__say(b, &o, "step %-2d mesh dim %d  %-15s %-11s %-17s send %-10s  recv %-10s  est %s\n", k + 1, m,
              dtl__step_name(st->kind), tr, dims, snd, rcv, est);
   }
   if (p->nsteps == 0) dtl__say(b, &o, "(no steps: every rank already holds its target shard)\n");

@@ -192,7 +192,7 @@ static void explain_shows_each_step_and_the_total(void **state) {
   const char *at = text;
   for (int s = 0; s < p->nsteps; s++) {
     char head[32];
-    snprintf(head, sizeof head, "step %-2d  mesh dim %d  ", s + 1, p->steps[s].mesh_dim);
+    snprintf(head, sizeof head, "step %-2d mesh dim %d  ", s + 1, p->steps[s].mesh_dim);
     const char *line = strstr(at, head);
     assert_non_null(line);
     const char *end = strchr(line, '\n');

@@ -104,43 +104,46 @@ dtl_status dtl__cost_resolve(const char *fn, const dtl_mesh *mesh, const dtl_cos
 
 /* --- volumes ---------------------------------------------------------------------------------------- */
 
-static int64_t dtl__chunk_size(int64_t n, int k, int i) {
-  int64_t off, size;
-  dtl__chunk(n, k, i, &off, &size);
-  return size;
+/* torch.chunk of n into k, in closed form: chunks 0..nfull-1 hold cs, chunk nfull holds rem (when it
+ * exists), the rest are empty. cs comes from dtl__chunk, the one statement of the rule. */
+typedef struct {
+  int64_t cs, nfull, rem;
+} dtl__split;
+
+static dtl__split dtl__split_of(int64_t n, int k) {
+  int64_t off, cs;
+  dtl__chunk(n, k, 0, &off, &cs);
+  dtl__split s = {cs, cs ? n / cs : k, 0};
+  s.rem = n - s.nfull * cs;
+  return s;
 }
 
-/* The volume of a step for one rank, from scalars: the rank's coordinate c on the step's mesh dim of p
- * ranks, A = the group's extent of the tensor dim the step unshards (S(i) -> R or S(j)), B = the group's
- * extent of the tensor dim it shards (-> S(j)), rest = the product of the rank's other extents. The
- * rank's own pieces are chunk c of A and B, as the layout rule says for an innermost split. */
-static void dtl__volume_scalar(dtl__step_kind kind, int p, int c, int64_t A, int64_t B, uint64_t rest, size_t es,
-                               dtl__step_volume *v) {
+static int64_t dtl__split_size(const dtl__split *s, int64_t c) { return c < s->nfull ? s->cs : c == s->nfull ? s->rem : 0; }
+
+/* The volume of a step for one rank, from scalars. A is the group's extent of the tensor dim the step
+ * unshards (S(i) -> R or S(j)), a and a_next the pieces of it that the rank and its ring successor hold
+ * before; B is the group's extent of the tensor dim the step shards (-> S(j)) and b the rank's piece of it
+ * after; rest is the product of the rank's other extents. */
+static void dtl__volume_scalar(dtl__step_kind kind, int p, uint64_t A, uint64_t a, uint64_t a_next, uint64_t B,
+                               uint64_t b, uint64_t rest, size_t es, dtl__step_volume *v) {
   uint64_t send = 0, recv = 0, charged = 0;
   switch (kind) {
-    case DTL__STEP_ALL_GATHER: { /* ring: receives every block but its own, forwards all but its successor's */
-      uint64_t own = (uint64_t)dtl__chunk_size(A, p, c), succ = (uint64_t)dtl__chunk_size(A, p, (c + 1) % p);
-      recv = rest * ((uint64_t)A - own);
-      send = rest * ((uint64_t)A - succ);
-      charged = recv;
+    case DTL__STEP_ALL_GATHER: /* ring: receives every block but its own, forwards all but its successor's */
+      recv = charged = rest * (A - a);
+      send = rest * (A - a_next);
       break;
-    }
     case DTL__STEP_ALL_REDUCE: /* ring: a reduce-scatter then an all-gather, 2 (p-1)/p of the data each way */
       send = recv = charged = (uint64_t)((unsigned __int128)rest * (unsigned)(2 * (p - 1)) / (unsigned)p);
       break;
-    case DTL__STEP_REDUCE_SCATTER: { /* ring: every block but the one the rank keeps passes through it */
-      uint64_t own = (uint64_t)dtl__chunk_size(B, p, c);
-      send = recv = charged = rest * ((uint64_t)B - own);
+    case DTL__STEP_REDUCE_SCATTER: /* ring: every block but the one the rank keeps passes through it */
+      send = recv = charged = rest * (B - b);
       break;
-    }
-    case DTL__STEP_ALL_TO_ALL: { /* pairwise: keeps the overlap of its old and new pieces, swaps the rest */
-      uint64_t a = (uint64_t)dtl__chunk_size(A, p, c), b = (uint64_t)dtl__chunk_size(B, p, c);
-      send = rest * a * ((uint64_t)B - b);
-      recv = rest * b * ((uint64_t)A - a);
+    case DTL__STEP_ALL_TO_ALL: /* pairwise: keeps the overlap of its old and new pieces, swaps the rest */
+      send = rest * a * (B - b);
+      recv = rest * b * (A - a);
       charged = send > recv ? send : recv;
       break;
-    }
-    case DTL__STEP_LOCAL_SLICE: charged = rest * (uint64_t)dtl__chunk_size(B, p, c); break;
+    case DTL__STEP_LOCAL_SLICE: charged = rest * b; break;
     case DTL__STEP_LOCAL_PARTIAL: charged = rest; break;
   }
   v->send = send * es;
@@ -159,19 +162,24 @@ void dtl__step_volume_at(const dtl_layout *g, dtl__step_kind kind, int m, const 
   int64_t bs[DTL_MAX_TENSOR_DIMS], as[DTL_MAX_TENSOR_DIMS], off[DTL_MAX_TENSOR_DIMS];
   dtl__local_box(g->mesh, g->ndim, g->shape, before, coord, bs, off);
   dtl__local_box(g->mesh, g->ndim, g->shape, after, coord, as, off);
-  int i, j;
+  int i, j, p = g->mesh->shape[m];
   dtl__step_dims(m, before, after, &i, &j);
   uint64_t rest = 1;
   for (int d = 0; d < g->ndim; d++)
     if (d != i && d != j) rest *= (uint64_t)bs[d];
   /* m is the innermost split of i before and of j after, so the group extents are the unsplit ones. */
-  dtl__volume_scalar(kind, g->mesh->shape[m], coord[m], i >= 0 ? as[i] : 0, j >= 0 ? bs[j] : 0, rest,
-                     dtl_dtype_size(g->dtype), out);
+  uint64_t A = i >= 0 ? (uint64_t)as[i] : 0, a = i >= 0 ? (uint64_t)bs[i] : 0, a_next = 0;
+  uint64_t B = j >= 0 ? (uint64_t)bs[j] : 0, b = j >= 0 ? (uint64_t)as[j] : 0;
+  if (i >= 0) {
+    dtl__split sa = dtl__split_of((int64_t)A, p);
+    a_next = (uint64_t)dtl__split_size(&sa, (coord[m] + 1) % p);
+  }
+  dtl__volume_scalar(kind, p, A, a, a_next, B, b, rest, dtl_dtype_size(g->dtype), out);
 }
 
 /* The distinct extents that tensor dim d of size n takes after the splits of the mesh dims in ks (left to
  * right). torch.chunk gives at most three sizes per split (full, remainder, empty), so the set stays small. */
-#define DTL__EXTENT_SET_MAX 96
+#define DTL__EXTENT_SET_MAX 32 /* 3^3 + 1: at most three splits besides the step's own */
 static int dtl__extent_set(int64_t n, const int *ks, int nk, int64_t *out) {
   int cnt = 1;
   out[0] = n;
@@ -179,15 +187,9 @@ static int dtl__extent_set(int64_t n, const int *ks, int nk, int64_t *out) {
     int64_t next[DTL__EXTENT_SET_MAX];
     int nn = 0;
     for (int e = 0; e < cnt; e++) {
-      int k = ks[l];
-      int64_t cs = dtl__chunk_size(out[e], k, 0), cand[3];
-      int nc = 0;
-      cand[nc++] = cs;
-      if (cs > 0) {
-        int64_t nfull = out[e] / cs, rem = out[e] - nfull * cs;
-        if (nfull < k) cand[nc++] = rem;
-        if (nfull + 1 < k) cand[nc++] = 0;
-      }
+      dtl__split sp = dtl__split_of(out[e], ks[l]);
+      int64_t cand[3] = {sp.cs, sp.rem, 0};
+      int nc = sp.nfull + 1 < ks[l] ? 3 : sp.nfull < ks[l] ? 2 : 1;
       for (int q = 0; q < nc; q++) {
         bool dup = false;
         for (int r = 0; r < nn; r++) dup |= next[r] == cand[q];
@@ -200,51 +202,52 @@ static int dtl__extent_set(int64_t n, const int *ks, int nk, int64_t *out) {
   return cnt;
 }
 
-/* Extents of tensor dim d under p split by every sharding mesh dim except skip: all distinct values
- * (set != NULL) or the largest (chunk 0 at every level). */
-static int dtl__extents(const dtl_layout *g, const dtl_placement *p, int d, int skip, int64_t *set, int64_t *max) {
+/* The distinct extents of tensor dim d under p, split by every sharding mesh dim except skip. */
+static int dtl__extents(const dtl_layout *g, const dtl_placement *p, int d, int skip, int64_t *set) {
   int ks[DTL_MAX_MESH_DIMS], nk = 0;
   for (int md = 0; md < g->mesh->ndim; md++)
     if (md != skip && p[md].kind == DTL_SHARD && p[md].dim == d) ks[nk++] = g->mesh->shape[md];
-  if (max) {
-    int64_t e = g->shape[d];
-    for (int l = 0; l < nk; l++) e = dtl__chunk_size(e, ks[l], 0);
-    *max = e;
-  }
-  return set ? dtl__extent_set(g->shape[d], ks, nk, set) : 0;
+  return dtl__extent_set(g->shape[d], ks, nk, set);
 }
 
 void dtl__step_volume_max(const dtl_layout *g, dtl__step_kind kind, int m, const dtl_placement *before,
                           const dtl_placement *after, dtl__step_volume *out) {
-  int i, j;
+  int i, j, p = g->mesh->shape[m];
   dtl__step_dims(m, before, after, &i, &j);
   /* Each mesh dim shards one tensor dim, so the extents of different tensor dims depend on disjoint
-   * coordinates and the maximum of their product is the product of their maxima. Only i and j interact
-   * with the coordinate on m, so those are enumerated jointly. */
+   * coordinates and the maximum of their product is the product of their maxima (chunk 0 at every split
+   * is the largest). Only i and j interact with the coordinate on m, so those are enumerated jointly. */
+  int64_t maxext[DTL_MAX_TENSOR_DIMS];
+  for (int d = 0; d < g->ndim; d++) maxext[d] = g->shape[d];
+  for (int md = 0; md < g->mesh->ndim; md++)
+    if (before[md].kind == DTL_SHARD) maxext[before[md].dim] = dtl__split_of(maxext[before[md].dim], g->mesh->shape[md]).cs;
   uint64_t rest = 1;
-  for (int d = 0; d < g->ndim; d++) {
-    int64_t e;
-    if (d == i || d == j) continue;
-    dtl__extents(g, before, d, -1, NULL, &e);
-    rest *= (uint64_t)e;
-  }
-  int64_t setA[DTL__EXTENT_SET_MAX] = {0}, setB[DTL__EXTENT_SET_MAX] = {0};
-  int nA = i >= 0 ? dtl__extents(g, before, i, m, setA, NULL) : 1;
-  int nB = j >= 0 ? dtl__extents(g, before, j, m, setB, NULL) : 1;
-  int p = g->mesh->shape[m];
+  for (int d = 0; d < g->ndim; d++)
+    if (d != i && d != j) rest *= (uint64_t)maxext[d];
+  int64_t setA[DTL__EXTENT_SET_MAX], setB[DTL__EXTENT_SET_MAX];
+  setA[0] = setB[0] = 0;
+  int nA = i >= 0 ? dtl__extents(g, before, i, m, setA) : 1;
+  int nB = j >= 0 ? dtl__extents(g, before, j, m, setB) : 1;
   size_t es = dtl_dtype_size(g->dtype);
-  /* Without a split dim the volume does not depend on the coordinate. */
-  int nc = (i >= 0 || j >= 0) ? p : 1;
   dtl__step_volume best = {0, 0, 0};
-  for (int a = 0; a < nA; a++)
-    for (int b = 0; b < nB; b++)
-      for (int c = 0; c < nc; c++) {
+  for (int x = 0; x < nA; x++)
+    for (int y = 0; y < nB; y++) {
+      dtl__split sa = dtl__split_of(setA[x], p), sb = dtl__split_of(setB[y], p);
+      /* The pieces of c, c+1 and c in A and B change only where a chunk turns from full to remainder to
+       * empty (and where the successor wraps), so the coordinates starting those runs see every value. */
+      int64_t cand[8] = {0, sa.nfull - 1, sa.nfull, sa.nfull + 1, sb.nfull, sb.nfull + 1, p - 1, 0};
+      for (int q = 0; q < 7; q++) {
+        int64_t c = cand[q];
+        if (c < 0 || c >= p) continue;
         dtl__step_volume v;
-        dtl__volume_scalar(kind, p, c, setA[a], setB[b], rest, es, &v);
+        dtl__volume_scalar(kind, p, (uint64_t)setA[x], (uint64_t)dtl__split_size(&sa, c),
+                           (uint64_t)dtl__split_size(&sa, (c + 1) % p), (uint64_t)setB[y],
+                           (uint64_t)dtl__split_size(&sb, c), rest, es, &v);
         if (v.send > best.send) best.send = v.send;
         if (v.recv > best.recv) best.recv = v.recv;
         if (v.charged > best.charged) best.charged = v.charged;
       }
+    }
   *out = best;
 }
 

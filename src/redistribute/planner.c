@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* The planner: the rules that say which single-mesh-dim steps are legal, and a Dijkstra search over
- * placement vectors for the cheapest legal sequence from a source to a target layout. Plan creation is
+/* The planner: the rules that say which single-mesh-dim steps are legal, and an A* search (Dijkstra
+ * with a consistent lower bound) over placement vectors for the cheapest legal sequence from a source to a target layout. Plan creation is
  * pure (no communication) and deterministic: every rank derives the same steps from the same layouts. */
 #include <stdlib.h>
 #include <string.h>
@@ -65,15 +65,14 @@ typedef struct {
   int M, nd, K, nstates;
   bool has_p[DTL_MAX_MESH_DIMS];
   dtl_reduce_op op[DTL_MAX_MESH_DIMS];
+  dtl_placement of[DTL_MAX_MESH_DIMS][DTL_MAX_TENSOR_DIMS + 2]; /* the placement of each code */
 } dtl__space;
 
 static int dtl__code(const dtl__space *s, dtl_placement p) {
   return p.kind == DTL_REPLICATE ? 0 : p.kind == DTL_SHARD ? 1 + p.dim : s->K - 1;
 }
 
-static dtl_placement dtl__placement_of(const dtl__space *s, int m, int code) {
-  return code == 0 ? dtl_replicate() : code == s->K - 1 ? dtl_partial(s->op[m]) : dtl_shard(code - 1);
-}
+static dtl_placement dtl__placement_of(const dtl__space *s, int m, int code) { return s->of[m][code]; }
 
 static int dtl__encode(const dtl__space *s, const dtl_placement *pl) {
   int idx = 0;
@@ -88,10 +87,27 @@ static void dtl__decode(const dtl__space *s, int idx, dtl_placement *pl) {
   }
 }
 
-/* --- Dijkstra ---------------------------------------------------------------------------------------- */
+/* --- A* ---------------------------------------------------------------------------------------------- */
 
-/* Ordered by (cost, steps, state index): ties go to fewer steps, then to the lower state index, so every
- * rank pops states in the same order and keeps the same parents. */
+/* A lower bound on the cost still to pay from pl: every mesh dim whose placement is S or P and differs
+ * from the target must leave it, and only a collective on that dim can (S and P have no local exit),
+ * which costs at least (p-1 rounds + the call) x alpha. Steps on different mesh dims are different steps,
+ * so the bounds add up; a step changes one term by at most its own cost, so the bound is consistent and
+ * the first time the target is taken from the queue its route is the cheapest. */
+static int64_t dtl__remaining_bound(const dtl__space *s, const dtl_placement *pl, const dtl_placement *dst) {
+  double bound = 0;
+  for (int m = 0; m < s->M; m++) {
+    int p = s->geom->mesh->shape[m];
+    if (p > 1 && pl[m].kind != DTL_REPLICATE && dtl__code(s, pl[m]) != dtl__code(s, dst[m])) bound += p * s->cost->alpha_s;
+  }
+  /* Rounded down so that it never exceeds the sum of the (rounded) step prices it bounds. */
+  double ps = bound * 1e12 * (1 - 1e-12);
+  return ps >= (double)(INT64_MAX / 8) ? INT64_MAX / 8 : (int64_t)ps;
+}
+
+/* Ordered by (cost so far + bound, steps, state index): among equal estimates fewer steps first, then the
+ * lower state index, so every rank pops states in the same order and keeps the same parents. Among routes
+ * of equal cost the one with fewer steps wins. */
 typedef struct {
   int64_t cost;
   int steps, state;
@@ -144,6 +160,8 @@ static int64_t dtl__sat_add(int64_t a, int64_t b) { return a > INT64_MAX - b ? I
 
 /* Fills path[0..*len) with the states of the cheapest route from `from` to `to` (both included). */
 static dtl_status dtl__search(const char *fn, const dtl__space *s, int from, int to, int *path, int *len) {
+  dtl_placement target[DTL_MAX_MESH_DIMS];
+  dtl__decode(s, to, target);
   int n = s->nstates;
   int64_t *dist = malloc((size_t)n * sizeof *dist);
   int *steps = malloc((size_t)n * sizeof *steps), *parent = malloc((size_t)n * sizeof *parent);
@@ -166,6 +184,7 @@ static dtl_status dtl__search(const char *fn, const dtl__space *s, int from, int
     if (done[u.state]) continue;
     done[u.state] = 1;
     if (u.state == to) break;
+    int64_t g = dist[u.state];
     dtl_placement pl[DTL_MAX_MESH_DIMS], nx[DTL_MAX_MESH_DIMS];
     dtl__decode(s, u.state, pl);
     for (int m = 0; m < s->M; m++) {
@@ -183,12 +202,13 @@ static dtl_status dtl__search(const char *fn, const dtl__space *s, int from, int
         if (done[v]) continue;
         dtl__step_volume vol;
         dtl__step_volume_max(s->geom, kind, m, pl, nx, &vol);
-        int64_t c = dtl__sat_add(u.cost, dtl__step_cost_ps(s->cost, kind, p, &vol));
+        int64_t c = dtl__sat_add(g, dtl__step_cost_ps(s->cost, kind, p, &vol));
         if (c < dist[v] || (c == dist[v] && u.steps + 1 < steps[v])) {
           dist[v] = c;
           steps[v] = u.steps + 1;
           parent[v] = u.state;
-          if (!dtl__hpush(&h, (dtl__hnode){c, u.steps + 1, v})) goto oom;
+          int64_t f = dtl__sat_add(c, dtl__remaining_bound(s, nx, target));
+          if (!dtl__hpush(&h, (dtl__hnode){f, u.steps + 1, v})) goto oom;
         }
       }
     }
@@ -297,6 +317,9 @@ static dtl_status dtl__plan_create(const char *fn, const dtl_layout *src, const 
     s.has_p[m] = a.kind == DTL_PARTIAL || b.kind == DTL_PARTIAL;
     s.op[m] = a.kind == DTL_PARTIAL ? a.op : b.op;
     s.nstates *= s.K;
+    s.of[m][0] = dtl_replicate();
+    for (int d = 0; d < s.nd; d++) s.of[m][1 + d] = dtl_shard(d);
+    s.of[m][s.K - 1] = dtl_partial(s.op[m]);
   }
   int path[DTL__MAX_PLAN_STEPS + 1], len = 0;
   DTL_TRY(dtl__search(fn, &s, dtl__encode(&s, src->placements), dtl__encode(&s, dst->placements), path, &len));

@@ -2,6 +2,7 @@
 /* The planner: the rules that say which single-mesh-dim steps are legal, and an A* search (Dijkstra
  * with a consistent lower bound) over placement vectors for the cheapest legal sequence from a source to a target layout. Plan creation is
  * pure (no communication) and deterministic: every rank derives the same steps from the same layouts. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include "redistribute/cost.h"
@@ -95,14 +96,16 @@ static void dtl__decode(const dtl__space *s, int idx, dtl_placement *pl) {
  * so the bounds add up; a step changes one term by at most its own cost, so the bound is consistent and
  * the first time the target is taken from the queue its route is the cheapest. */
 static int64_t dtl__remaining_bound(const dtl__space *s, const dtl_placement *pl, const dtl_placement *dst) {
-  double bound = 0;
+  int64_t bound = 0;
   for (int m = 0; m < s->M; m++) {
     int p = s->geom->mesh->shape[m];
-    if (p > 1 && pl[m].kind != DTL_REPLICATE && dtl__code(s, pl[m]) != dtl__code(s, dst[m])) bound += p * s->cost->alpha_s;
+    if (p == 1 || pl[m].kind == DTL_REPLICATE || dtl__code(s, pl[m]) == dtl__code(s, dst[m])) continue;
+    /* One picosecond under the floor, so that the step prices (rounded to the nearest picosecond from a
+     * slightly different floating-point expression) can never fall below it. */
+    double ps = floor((double)p * s->cost->alpha_s * 1e12) - 1;
+    if (ps > 0) bound += ps >= (double)(INT64_MAX / 64) ? INT64_MAX / 64 : (int64_t)ps;
   }
-  /* Rounded down so that it never exceeds the sum of the (rounded) step prices it bounds. */
-  double ps = bound * 1e12 * (1 - 1e-12);
-  return ps >= (double)(INT64_MAX / 8) ? INT64_MAX / 8 : (int64_t)ps;
+  return bound;
 }
 
 /* Ordered by (cost so far + bound, steps, state index): among equal estimates fewer steps first, then the

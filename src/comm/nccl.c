@@ -26,10 +26,14 @@ typedef struct {
 static dtl__nccl *dtl__nccl_of(const dtl_comm *c) { return (dtl__nccl *)c->impl; }
 
 /* --- errors and the calling scope ---------------------------------------------------------------------- */
-static dtl_status dtl__nccl_fail(ncclComm_t comm, const char *fn, ncclResult_t r) {
+/* what: "" for the result of a call, "asynchronous " for the communicator's error state. */
+static dtl_status dtl__nccl_fail_as(ncclComm_t comm, const char *fn, const char *what, ncclResult_t r) {
   const char *last = comm ? ncclGetLastError(comm) : NULL;
-  return dtl__error(DTL_ERR_COMM, "%s: NCCL error %d (%s)%s%s", fn, (int)r, ncclGetErrorString(r),
+  return dtl__error(DTL_ERR_COMM, "%s: %sNCCL error %d (%s)%s%s", fn, what, (int)r, ncclGetErrorString(r),
                     last && *last ? ": " : "", last && *last ? last : "");
+}
+static dtl_status dtl__nccl_fail(ncclComm_t comm, const char *fn, ncclResult_t r) {
+  return dtl__nccl_fail_as(comm, fn, "", r);
 }
 
 /* Maps a call's result to a status. On a non-blocking communicator (ncclConfig_t.blocking = 0) a call may
@@ -50,10 +54,11 @@ static dtl_status dtl__nccl_poll(dtl_comm *c, const char *fn) {
   if (!comm) return dtl__error(DTL_ERR_COMM, "%s: the communicator was aborted", fn);
   ncclResult_t state = ncclSuccess, q = ncclCommGetAsyncError(comm, &state);
   if (q != ncclSuccess) return dtl__nccl_fail(comm, fn, q);
-  if (state == ncclSuccess) return DTL_OK;
-  dtl_status st = dtl__nccl_settle(comm, fn, state);
-  if (st != DTL_OK) return dtl__error_prefix(st, "%s: asynchronous error on the communicator", fn);
-  return DTL_OK;
+  while (state == ncclInProgress) { /* a non-blocking comm still busy with the caller's own NCCL call */
+    sched_yield();
+    if ((q = ncclCommGetAsyncError(comm, &state)) != ncclSuccess) return dtl__nccl_fail(comm, fn, q);
+  }
+  return state == ncclSuccess ? DTL_OK : dtl__nccl_fail_as(comm, fn, "asynchronous ", state);
 }
 
 /* Kernels, allocations and copies must run with the stream's device current; dtl restores the caller's
@@ -104,8 +109,7 @@ static dtl_status dtl__nccl_wait(dtl_comm *c, const char *fn) {
     if (n->comm) {
       ncclResult_t state = ncclSuccess;
       ncclCommGetAsyncError(n->comm, &state);
-      if (state != ncclSuccess && state != ncclInProgress)
-        return dtl__error_prefix(dtl__nccl_fail(n->comm, fn, state), "%s: asynchronous error while waiting", fn);
+      if (state != ncclSuccess && state != ncclInProgress) return dtl__nccl_fail_as(n->comm, fn, "asynchronous ", state);
     }
     sched_yield();
   }
@@ -246,8 +250,8 @@ static dtl_status nccl_reduce(dtl_comm *c, const void *send, void *recv, size_t 
   return dtl__nccl_leave(&s, st);
 }
 
-static dtl_status nccl_all_gather(dtl_comm *c, const void *send, void *recv, size_t send_count, dtl_dtype t) {
-  static const char fn[] = "dtl_all_gather";
+static dtl_status dtl__nccl_all_gather(dtl_comm *c, const char *fn, const void *send, void *recv, size_t send_count,
+                                       dtl_dtype t) {
   dtl__nccl_scope s;
   DTL_TRY(dtl__nccl_begin(c, fn, &s));
   if (send_count == 0) return dtl__nccl_leave(&s, DTL_OK);
@@ -255,10 +259,14 @@ static dtl_status nccl_all_gather(dtl_comm *c, const void *send, void *recv, siz
   return dtl__nccl_finish(c, &s, fn, ncclAllGather(send, recv, send_count, dtl__nccl_type(t), n->comm, n->stream));
 }
 
+static dtl_status nccl_all_gather(dtl_comm *c, const void *send, void *recv, size_t send_count, dtl_dtype t) {
+  return dtl__nccl_all_gather(c, "dtl_all_gather", send, recv, send_count, t);
+}
+
 static dtl_status nccl_all_gatherv(dtl_comm *c, const void *send, size_t send_count, void *recv, const size_t *recv_counts,
                                    dtl_dtype t) {
   static const char fn[] = "dtl_all_gatherv";
-  if (dtl__counts_equal(c, recv_counts)) return c->ops->all_gather(c, send, recv, send_count, t);
+  if (dtl__counts_equal(c, recv_counts)) return dtl__nccl_all_gather(c, fn, send, recv, send_count, t);
   dtl__nccl_scope s;
   DTL_TRY(dtl__nccl_begin(c, fn, &s));
   dtl__nccl *n = dtl__nccl_of(c);
@@ -285,9 +293,8 @@ static dtl_status nccl_all_reduce(dtl_comm *c, const void *send, void *recv, siz
   return dtl__nccl_leave(&s, st);
 }
 
-static dtl_status nccl_reduce_scatter(dtl_comm *c, const void *send, void *recv, size_t recv_count, dtl_dtype t,
-                                      dtl_reduce_op op) {
-  static const char fn[] = "dtl_reduce_scatter";
+static dtl_status dtl__nccl_reduce_scatter(dtl_comm *c, const char *fn, const void *send, void *recv, size_t recv_count,
+                                           dtl_dtype t, dtl_reduce_op op) {
   dtl__nccl_scope s;
   DTL_TRY(dtl__nccl_begin(c, fn, &s));
   if (recv_count == 0) return dtl__nccl_leave(&s, DTL_OK);
@@ -299,11 +306,16 @@ static dtl_status nccl_reduce_scatter(dtl_comm *c, const void *send, void *recv,
   return dtl__nccl_leave(&s, st);
 }
 
+static dtl_status nccl_reduce_scatter(dtl_comm *c, const void *send, void *recv, size_t recv_count, dtl_dtype t,
+                                      dtl_reduce_op op) {
+  return dtl__nccl_reduce_scatter(c, "dtl_reduce_scatter", send, recv, recv_count, t, op);
+}
+
 /* Uneven blocks: one ncclReduce per non-empty block, rooted at the block's owner, fused in one group. */
 static dtl_status nccl_reduce_scatterv(dtl_comm *c, const void *send, void *recv, const size_t *recv_counts, dtl_dtype t,
                                        dtl_reduce_op op) {
   static const char fn[] = "dtl_reduce_scatterv";
-  if (dtl__counts_equal(c, recv_counts)) return c->ops->reduce_scatter(c, send, recv, recv_counts[0], t, op);
+  if (dtl__counts_equal(c, recv_counts)) return dtl__nccl_reduce_scatter(c, fn, send, recv, recv_counts[0], t, op);
   dtl__nccl_scope s;
   DTL_TRY(dtl__nccl_begin(c, fn, &s));
   dtl__nccl *n = dtl__nccl_of(c);
@@ -607,6 +619,7 @@ dtl_status dtl_comm_from_nccl(ncclComm_t comm, cudaStream_t stream, dtl_comm **o
   ncclResult_t state = ncclSuccess, q = ncclCommGetAsyncError(comm, &state);
   if (q != ncclSuccess) return dtl__nccl_fail(comm, fn, q);
   DTL_TRY(dtl__nccl_settle(comm, fn, state));
+#if CUDART_VERSION >= 12080
   if (stream) { /* the legacy default stream (0) is whichever device is current, which dtl makes the comm's */
     int sdev = -1, cdev = -1;
     cudaError_t e = cudaStreamGetDevice(stream, &sdev);
@@ -615,6 +628,7 @@ dtl_status dtl_comm_from_nccl(ncclComm_t comm, cudaStream_t stream, dtl_comm **o
     if (ncclCommCuDevice(comm, &cdev) == ncclSuccess && cdev != sdev)
       return dtl__error(DTL_ERR_INVALID_ARGUMENT, "%s: stream belongs to device %d but comm to device %d", fn, sdev, cdev);
   }
+#endif
   return dtl__comm_wrap_nccl(fn, comm, stream, false, out);
 }
 

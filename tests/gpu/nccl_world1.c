@@ -279,8 +279,10 @@ static void barrier_returns_after_the_enqueued_work_is_done(void **state) {
   const size_t n = (size_t)64 << 20; /* 256 MiB of f32: long enough to be unfinished without a wait */
   void *a = dev_alloc(n * 4), *b = dev_alloc(n * 4);
   CUDA_OK(cudaMemsetAsync(a, 0, n * 4, stream));
-  DTL_OK_(dtl_all_reduce(comm, a, b, n, DTL_FLOAT32, DTL_SUM));
-  DTL_OK_(dtl_all_gather(comm, b, a, n, DTL_FLOAT32));
+  for (int k = 0; k < 8; k++) { /* several milliseconds of device work, enqueued in microseconds */
+    DTL_OK_(dtl_all_reduce(comm, a, b, n, DTL_FLOAT32, DTL_SUM));
+    DTL_OK_(dtl_all_gather(comm, b, a, n, DTL_FLOAT32));
+  }
   DTL_OK_(dtl_barrier(comm));
   assert_int_equal((int)cudaStreamQuery(stream), (int)cudaSuccess);
   CUDA_OK(cudaFree(a));

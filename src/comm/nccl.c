@@ -170,7 +170,7 @@ static dtl_status dtl__nccl_exchange(dtl_comm *c, const char *fn, dtl_dtype t) {
                       n->send_count[me], me, n->recv_count[me]);
   if (n->send_count[me] && n->send_ptr[me] != n->recv_ptr[me])
     DTL_TRY(dtl__cuda_call(fn, cudaMemcpyAsync(n->recv_ptr[me], n->send_ptr[me], n->send_count[me] * es,
-                                               cudaMemcpyDeviceToDevice, n->stream)));
+                                               cudaMemcpyDefault, n->stream)));
   ncclResult_t r = ncclGroupStart();
   for (int j = 0; j < c->size && (r == ncclSuccess || r == ncclInProgress); j++) {
     if (j == me) continue;
@@ -564,12 +564,12 @@ static dtl_status nccl_mem_copy(dtl_comm *c, void *dst, const void *src, size_t 
     void *tmp = NULL;
     st = nccl_mem_alloc(c, bytes, &tmp);
     if (st == DTL_OK) {
-      st = dtl__cuda_call(fn, cudaMemcpyAsync(tmp, src, bytes, cudaMemcpyDeviceToDevice, stream));
-      if (st == DTL_OK) st = dtl__cuda_call(fn, cudaMemcpyAsync(dst, tmp, bytes, cudaMemcpyDeviceToDevice, stream));
+      st = dtl__cuda_call(fn, cudaMemcpyAsync(tmp, src, bytes, cudaMemcpyDefault, stream));
+      if (st == DTL_OK) st = dtl__cuda_call(fn, cudaMemcpyAsync(dst, tmp, bytes, cudaMemcpyDefault, stream));
       nccl_mem_free(c, tmp);
     }
   } else {
-    st = dtl__cuda_call(fn, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream));
+    st = dtl__cuda_call(fn, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream));
   }
   return dtl__nccl_leave(&s, st);
 }

@@ -29,8 +29,9 @@
  * Errors. Every collective first polls ncclCommGetAsyncError; an asynchronous error (a failed peer, a
  * network error) is returned as DTL_ERR_COMM with ncclGetLastError's text, as are synchronous NCCL errors.
  * CUDA failures are DTL_ERR_CUDA with the runtime's message. dtl_barrier waits by polling both the stream
- * and NCCL's error state (yielding the CPU between polls), so a failure there returns instead of hanging. On a non-blocking ncclComm_t
- * (ncclConfig_t.blocking = 0) each call waits until NCCL has finished enqueuing (ncclInProgress settles).
+ * and NCCL's error state (yielding the CPU between polls), so a failure there returns instead of hanging.
+ * On a non-blocking ncclComm_t (ncclConfig_t.blocking = 0) each call waits until NCCL has finished
+ * enqueuing (ncclInProgress settles).
  * After an error, dtl_comm_abort stops outstanding work: it calls ncclCommAbort on the NCCL communicator,
  * which FREES it, even when it is the caller's: the caller must then neither use nor destroy that
  * ncclComm_t (dtl_comm_destroy is still needed and does not touch it). Aborting a communicator does not

@@ -22,8 +22,10 @@ DTL_API dtl_placement dtl_replicate(void);
 DTL_API dtl_placement dtl_partial(dtl_reduce_op op);
 
 /* Parses a comma list such as "S(0),R", "S0, S1", "P", "P(avg)", "R,P(max)". Entries: R, S(d) or Sd
- * (d may be negative), P (= P(sum)) or P(op). Writes *count entries into out (at most max); a list longer
- * than max, or malformed text, is DTL_ERR_INVALID_ARGUMENT and writes nothing. */
+ * (d an int, may be negative; its range is checked by dtl_layout_create), P (= P(sum)) or P(op) with op
+ * sum, prod, max, min or avg; blanks around entries are ignored. Writes *count entries into out (at most
+ * max >= 1); a list longer than max, or malformed text (empty entries and stray commas included), is
+ * DTL_ERR_INVALID_ARGUMENT with a message naming the entry and its offset, and writes nothing. */
 DTL_API dtl_status dtl_placements_parse(const char *text, dtl_placement *out, int max, int *count);
 /* Writes "S(0),R,P(sum)". If cap is too small: DTL_ERR_INVALID_ARGUMENT and the message names the size needed. */
 DTL_API dtl_status dtl_placements_format(const dtl_placement *p, int count, char *buf, size_t cap);

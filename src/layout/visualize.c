@@ -76,10 +76,8 @@ dtl_status dtl_layout_format(const dtl_layout *l, char *buf, size_t cap) {
 
 /* --- the block grid --------------------------------------------------------------------------------- */
 
-/* A set of coordinates that hold the same box: equal on every sharding mesh dim, anything on the others.
- * rep is its lowest rank (zeros on the non-sharding dims). */
+/* A set of coordinates that hold the same box: equal on every sharding mesh dim, anything on the others. */
 typedef struct {
-  int rep;
   int64_t off[2], ext[2];
   size_t label; /* offset of "[0,*] ranks 0,1" in the label text */
 } dtl__holders;
@@ -211,7 +209,6 @@ static dtl_status dtl__draw(const char *fn, const dtl_layout *l, dtl__text *t) {
     dtl__holders *x = &h[nh++];
     int64_t shape[DTL_MAX_TENSOR_DIMS], off[DTL_MAX_TENSOR_DIMS];
     dtl__local_box(m, nd, l->shape, l->placements, c, shape, off);
-    x->rep = r;
     x->off[1] = 0;
     x->ext[1] = 1; /* a 1-d tensor draws as a single column */
     for (int d = 0; d < nd; d++) {

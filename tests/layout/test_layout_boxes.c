@@ -59,7 +59,7 @@ static bool next_coord(int ndim, const int *shape, int *c) {
 static void check_layout(const int *mshape, int mndim, const dtl_placement *pl, int tndim, const int64_t *tshape,
                          tally *t) {
   /* The mesh's own coordinate is the last one, so that dtl_layout_local_box(NULL) is checked too. */
-  int own[DTL_MAX_MESH_DIMS];
+  int own[DTL_MAX_MESH_DIMS] = {0};
   for (int md = 0; md < mndim; md++) own[md] = mshape[md] - 1;
   dtl_mesh *m;
   assert_int_equal(dtl_mesh_create_abstract(mndim, mshape, own, &m), DTL_OK);

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Uncached dtl_plan_create: plans per second for a set of placement pairs on 1-D, 2-D, 3-D and 4-D meshes
  * (abstract meshes: planning is pure, so this needs no MPI launch and runs on one process).
- * Options: -n iterations per pair (default 2000), -w warmup iterations (default 100). */
+ * Options: -n iterations per pair, split into 5 timed rounds of which the fastest is reported (default
+ * 2000), -w warmup iterations (default 100). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,7 +33,7 @@ static const pair pairs[] = {
     {3, {4, 4, 4}, 3, {1023, 257, 129}, "P,S0,R", "S1,R,P"},
     {4, {2, 2, 2, 2}, 4, {64, 64, 64, 64}, "S0,S1,S2,S3", "S3,S2,S1,S0"},
     {4, {4, 4, 4, 4}, 8, {16, 16, 16, 16, 16, 16, 16, 16}, "S0,S1,S2,S3", "S7,S6,S5,S4"},
-    {4, {4, 4, 4, 4}, 8, {16, 16, 16, 16, 16, 16, 16, 16}, "P,S0,P,S1", "S7,P,S5,P"},
+    {4, {4, 4, 4, 4}, 8, {16, 16, 16, 16, 16, 16, 16, 16}, "P,S0,P,S1", "S7,S6,P,R"},
 };
 
 static double now(void) {
@@ -66,8 +67,8 @@ int main(int argc, char **argv) {
     fprintf(stderr, "dtl_plan_perf: -n must be >= 1 and -w >= 0\n");
     return 2;
   }
-  printf("# uncached dtl_plan_create (create + destroy), %d iterations after %d warmup, cost model: MPI defaults\n", iters,
-         warmup);
+  printf("# uncached dtl_plan_create (create + destroy): fastest of 5 rounds of %d after %d warmup; MPI default costs\n",
+         (iters + 4) / 5, warmup);
   printf("# %-9s %-6s %-18s %-12s %-12s %5s %5s %10s %12s\n", "mesh", "ndim", "shape", "from", "to", "steps", "coll",
          "us/plan", "plans/s");
   for (size_t i = 0; i < sizeof pairs / sizeof *pairs; i++) {
@@ -84,12 +85,18 @@ int main(int argc, char **argv) {
       }
       dtl_plan_destroy(plan);
     }
-    double t0 = now();
-    for (int k = 0; k < iters; k++) {
-      dtl_plan_create(a, b, &plan);
-      dtl_plan_destroy(plan);
+    /* The fastest of five rounds: on a shared machine the slow rounds measure the neighbours. */
+    double us = 1e300;
+    for (int round = 0; round < 5; round++) {
+      int n = (iters + 4) / 5;
+      double t0 = now();
+      for (int k = 0; k < n; k++) {
+        dtl_plan_create(a, b, &plan);
+        dtl_plan_destroy(plan);
+      }
+      double t = (now() - t0) / n * 1e6;
+      if (t < us) us = t;
     }
-    double us = (now() - t0) / iters * 1e6;
     dtl_plan_create(a, b, &plan);
     char mesh[24], shape[40];
     int o = 0;

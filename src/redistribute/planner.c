@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* The planner: the rules that say which single-mesh-dim steps are legal, and an A* search (Dijkstra
- * with a consistent lower bound) over placement vectors for the cheapest legal sequence from a source to a target layout. Plan creation is
- * pure (no communication) and deterministic: every rank derives the same steps from the same layouts. */
+/* The planner: the rules that say which single-mesh-dim steps are legal, and an A* search (Dijkstra with
+ * a consistent lower bound) over placement vectors for the cheapest legal sequence of steps from a source
+ * to a target layout. Plan creation is pure (no communication) and deterministic: every rank derives the
+ * same steps from the same layouts. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,9 +58,11 @@ static bool dtl__step_legal(const dtl_mesh *mesh, const dtl_placement *pl, int m
 
 /* --- the state space --------------------------------------------------------------------------------- */
 
-/* A state is one code per mesh dim, mixed radix K: 0 = R, 1 + d = S(d), K - 1 = P(op[m]). Each mesh dim
- * has at most one Partial op (the source's or the target's: changing ops is refused before the search),
- * and mesh dims of size 1 stay R: their placement never changes which data a rank holds. */
+/* A state is one code per mesh dim, mixed radix K: 0 = R, 1 + d = S(d), K - 1 = P(op[m]). Every tensor dim
+ * may serve as an intermediate shard dim. A mesh dim offers Partial only with the op of its source or
+ * target (changing ops is refused before the search); elsewhere Partial never pays: entering it is a
+ * local step from R and leaving it a collective, where R -> S is local. Mesh dims of size 1 stay R: their
+ * placement never changes which data a rank holds. (The optimality test searches without these limits.) */
 typedef struct {
   const dtl_layout *geom;
   const dtl_cost_model *cost;

@@ -24,9 +24,11 @@ typedef enum {
 typedef struct {
   dtl__step_kind kind;
   int mesh_dim;
-  /* The full placement vectors before and after the step (they differ on mesh_dim only). */
+  /* The full placement vectors before and after the step (they differ on mesh_dim only). Mesh dims of
+   * size 1 never get a step; in every vector they carry dst's placement (a split in 1 changes no box). */
   dtl_placement before[DTL_MAX_MESH_DIMS], after[DTL_MAX_MESH_DIMS];
-  /* Per-rank estimates for this rank's coordinate (explain), and the cost under the plan's model. */
+  /* Bytes this rank's coordinate sends and receives (explain), and the step's cost under the plan's model
+   * (from the maximum over all ranks, so equal on every rank). */
   uint64_t send_bytes, recv_bytes;
   double cost_s;
 } dtl__plan_step;

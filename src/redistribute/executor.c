@@ -69,7 +69,8 @@ static const char *dtl__step_name(dtl__step_kind k) {
 
 /* The plan must chain from src to dst one mesh dim at a time, each kind must match its placements, and a
  * step may only undo or make the innermost split of a tensor dim (a later mesh dim splitting the same tensor
- * dim would make the group's blocks non-boxes). Depends on placements only, so every rank agrees. */
+ * dim would make the group's blocks non-boxes). Mesh dims of size 1 are ignored: any placement there is a
+ * relabeling (the planner writes dst's). Depends on placements only, so every rank agrees. */
 static dtl_status dtl__plan_check(const char *fn, const dtl_plan *p) {
   const dtl_mesh *mesh = p->src.mesh;
   int nm = mesh->ndim;
@@ -82,17 +83,18 @@ static dtl_status dtl__plan_check(const char *fn, const dtl_plan *p) {
     if (md < 0 || md >= nm)
       return dtl__error_fn(DTL_ERR_INTERNAL, fn, "plan step %d: mesh_dim=%d (expected 0..%d)", k, md, nm - 1);
     for (int d = 0; d < nm; d++) {
-      if (!dtl__same_placement(s->before[d], cur[d]))
-        return dtl__error_fn(DTL_ERR_INTERNAL, fn, "plan step %d: its placement before on mesh dim %d is not the one the "
-                             "previous step left", k, d);
-      if (d != md && !dtl__same_placement(s->before[d], s->after[d]))
-        return dtl__error_fn(DTL_ERR_INTERNAL, fn, "plan step %d on mesh dim %d also changes mesh dim %d", k, md, d);
       for (int w = 0; w < 2; w++) {
         dtl_placement q = w ? s->after[d] : s->before[d];
         if (q.kind == DTL_SHARD && (q.dim < 0 || q.dim >= p->src.ndim))
           return dtl__error_fn(DTL_ERR_INTERNAL, fn, "plan step %d: S(%d) on mesh dim %d for a %d-d tensor", k, q.dim, d,
                                p->src.ndim);
       }
+      if (mesh->shape[d] == 1) continue;
+      if (!dtl__same_placement(s->before[d], cur[d]))
+        return dtl__error_fn(DTL_ERR_INTERNAL, fn, "plan step %d: its placement before on mesh dim %d is not the one the "
+                             "previous step left", k, d);
+      if (d != md && !dtl__same_placement(s->before[d], s->after[d]))
+        return dtl__error_fn(DTL_ERR_INTERNAL, fn, "plan step %d on mesh dim %d also changes mesh dim %d", k, md, d);
     }
     dtl_placement_kind from = s->before[md].kind, to = s->after[md].kind;
     static const dtl_placement_kind want[6][2] = {
@@ -106,7 +108,7 @@ static dtl_status dtl__plan_check(const char *fn, const dtl_plan *p) {
       const dtl_placement *pl = w ? s->after : s->before;
       if (pl[md].kind != DTL_SHARD) continue;
       for (int d = md + 1; d < nm; d++)
-        if (pl[d].kind == DTL_SHARD && pl[d].dim == pl[md].dim)
+        if (pl[d].kind == DTL_SHARD && pl[d].dim == pl[md].dim && mesh->shape[d] > 1)
           return dtl__error_fn(DTL_ERR_UNSUPPORTED, fn, "plan step %d (%s on mesh dim %d) changes a split of tensor dim %d "
                                "that mesh dim %d splits further; only the innermost split of a tensor dim can change",
                                k, dtl__step_name(s->kind), md, pl[md].dim, d);
@@ -114,7 +116,7 @@ static dtl_status dtl__plan_check(const char *fn, const dtl_plan *p) {
     cur = s->after;
   }
   for (int d = 0; d < nm; d++)
-    if (!dtl__same_placement(cur[d], p->dst.placements[d]))
+    if (mesh->shape[d] > 1 && !dtl__same_placement(cur[d], p->dst.placements[d]))
       return dtl__error_fn(DTL_ERR_INTERNAL, fn, "plan ends on mesh dim %d with a placement other than the target's", d);
   return DTL_OK;
 }

@@ -194,10 +194,10 @@ static dtl_status dtl__check_consistent(const char *fn, const dtl_mesh *m, uint6
   free(all);
   if (bad == 0) return DTL_OK;
   if (local != DTL_OK) return local; /* this rank's own message stays */
-  return dtl__error_fn(DTL_ERR_MISMATCH, fn, "DTL_CHECK: rank%s %s %s (this rank: %d of %d)", bad > 1 ? "s" : "", list,
-                       failed ? "rejected their arguments or disagree with the other ranks on (layouts, dtype, shape, mesh)"
-                              : "disagree with the other ranks on (layouts, dtype, shape, mesh)",
-                       c->rank, n);
+  const char *verb = failed ? (bad > 1 ? "rejected their arguments or disagree" : "rejected its arguments or disagrees")
+                             : (bad > 1 ? "disagree" : "disagrees");
+  return dtl__error_fn(DTL_ERR_MISMATCH, fn, "DTL_CHECK: rank%s %s %s with the other ranks' call (layouts, dtype, "
+                       "shape, mesh); this rank is %d of %d", bad > 1 ? "s" : "", list, verb, c->rank, n);
 }
 
 /* --- entry points --------------------------------------------------------------------------------------- */

@@ -81,6 +81,11 @@ static void every_pair_matches_the_dense_oracle(const tu_mesh *m, const dtl_layo
   if (plan->nsteps <= 1) TU_EXPECT(fig <= ends, "%s: scratch %zu > max(src %zu, dst %zu)", what, fig, sb, db);
   if (plan->nsteps > 1) ps->multi_step++;
   if (fig > ends) ps->over_bound++;
+  if (fig > ends && getenv("TU_VERBOSE")) {
+    char buf[4096];
+    dtl_plan_explain(plan, buf, sizeof buf);
+    fprintf(stderr, "[over] %s: scratch %zu, src %zu, dst %zu\n%s\n", what, fig, sb, db, buf);
+  }
   /* Again: same plan from the cache, same result. */
   memset(out, 0x5a, db);
   st = dtl_redistribute(src, in, dst, out);

@@ -5,7 +5,7 @@
  * copy_box, mem_*), so the same code runs on host (MPI) and device (NCCL) buffers. */
 #include <stdlib.h>
 #include <string.h>
-#include "redistribute/plan_internal.h"
+#include "redistribute/redistribute_internal.h"
 
 /* What one step does on this rank. Local steps that leave this rank's values as they are, and every step on
  * a mesh dim of size 1, become EX_NONE: the data stays where it is (no copy). */
@@ -22,6 +22,17 @@ typedef struct {
   size_t t;     /* elements of the step's temporary region (0: none) */
   bool pack;    /* the send side is not in peer order: pack into the temporary first */
   bool unpack;  /* the receive side is not in final order: receive into the temporary, then place the blocks */
+  /* A pack or unpack pass runs in chunks of crows indices of tensor dim cdim (the outermost dim of the box
+   * with extent > 1, which the step does not split), one collective per chunk, so that its temporary is a
+   * cache-sized chunk rather than a whole shard. crows == 0: one pass over everything. */
+  int cdim;
+  int64_t crows;
+  /* Chunked all-to-all: which rows of cdim a chunk takes (0: the same absolute rows on every rank; 1: rows
+   * counted within each sender's input box; 2: within each receiver's output box), the first row of the
+   * group's box on cdim, and the elements of the send region (the receive region follows it). */
+  int cmode;
+  int64_t cbase;
+  size_t tsend;
   int64_t in_shape[DTL_MAX_TENSOR_DIMS], in_off[DTL_MAX_TENSOR_DIMS];
   int64_t out_shape[DTL_MAX_TENSOR_DIMS], out_off[DTL_MAX_TENSOR_DIMS];
 } dtl__ex_step;
@@ -121,10 +132,70 @@ static dtl_status dtl__plan_check(const char *fn, const dtl_plan *p) {
   return DTL_OK;
 }
 
+/* Bytes of one chunk of a pack/unpack pass on host memory: small enough that the pass reads the received
+ * (or writes the packed) chunk from cache, large enough that the extra collective calls cost little. Device
+ * memory (NCCL) takes each collective whole: its kernels copy at memory speed and launches are dear. */
+#define DTL__HOST_CHUNK_BYTES ((size_t)1 << 20)
+static size_t dtl__chunk_bytes = DTL__HOST_CHUNK_BYTES;
+
+void dtl__executor_set_chunk_bytes(size_t bytes) { dtl__chunk_bytes = bytes ? bytes : DTL__HOST_CHUNK_BYTES; }
+
+/* Chunking of a pass over a box whose outermost non-trivial dim the step leaves alone: sets e->cdim and
+ * e->crows for a box of count elements and returns the temporary elements one chunk needs. The values
+ * depend only on the box (the same on every member of the group for the boxes used here) and the memory. */
+static size_t dtl__chunking(dtl__ex_step *e, int nd, const int64_t *shape, size_t count, size_t es, dtl_memory mem) {
+  e->crows = 0;
+  if (mem != DTL_MEMORY_HOST || count == 0) return count;
+  int c0 = 0;
+  while (c0 < nd - 1 && shape[c0] <= 1) c0++;
+  size_t row = count / (size_t)shape[c0], per = dtl__chunk_bytes / es / (row ? row : 1);
+  if (per < 1) per = 1;
+  if ((int64_t)per >= shape[c0]) return count;
+  e->cdim = c0;
+  e->crows = (int64_t)per;
+  return per * row;
+}
+
+/* Chunks an all-to-all S(i) -> S(j) over a group of g when both sides need a pass (then chunking saves the
+ * extra copy) or when a shard is large (over 8 chunks); otherwise returns false. Every chunk packs its send
+ * blocks and unpacks its received ones through two chunk-sized regions. The group's box spans the input box
+ * on every dim but i and the output box on i; its outermost dim of extent > 1 is the chunk dim, and its row
+ * size fixes the rows per chunk, alike on every member. */
+static bool dtl__chunk_all_to_all(dtl__ex_step *e, int nd, int i, int j, int g, size_t es, dtl_memory mem) {
+  if (mem != DTL_MEMORY_HOST || i == j) return false;
+  int64_t parent[DTL_MAX_TENSOR_DIMS] = {0};
+  size_t pcount = 1;
+  for (int d = 0; d < nd; d++) pcount *= (size_t)(parent[d] = d == i ? e->out_shape[d] : e->in_shape[d]);
+  if (pcount == 0) return false;
+  /* Decided from the group's box, not this rank's (whose shards may be empty), so that all members agree. */
+  bool both = !dtl__split_is_contiguous(nd, parent, i) && !dtl__split_is_contiguous(nd, parent, j);
+  if (!both && pcount / (size_t)g * es <= 8 * dtl__chunk_bytes) return false;
+  int c0 = 0;
+  while (c0 < nd - 1 && parent[c0] <= 1) c0++;
+  size_t row = pcount / (size_t)parent[c0], per = dtl__chunk_bytes / es / row;
+  if (per < 1) per = 1;
+  /* The two chunk regions must stay well inside one shard (an average member's), or the temporary would
+   * outgrow the unchunked one. */
+  if ((int64_t)per >= parent[c0] || pcount / (size_t)g < 8 * per * row) return false;
+  e->cdim = c0;
+  e->crows = (int64_t)per;
+  e->cmode = c0 == i ? 1 : c0 == j ? 2 : 0;
+  e->cbase = c0 == i ? e->out_off[c0] : e->in_off[c0];
+  size_t in_row = e->a ? e->a / (size_t)e->in_shape[c0] : 0, out_row = e->b ? e->b / (size_t)e->out_shape[c0] : 0;
+  /* Sender-local rows: a receiver gets a chunk from every peer; receiver-local: a sender serves every peer. */
+  size_t send = per * in_row * (e->cmode == 2 ? (size_t)g : 1), recv = per * out_row * (e->cmode == 1 ? (size_t)g : 1);
+  e->tsend = send < e->a ? send : e->a;
+  e->t = e->tsend + (recv < e->b ? recv : e->b);
+  e->pack = e->unpack = true;
+  return true;
+}
+
 /* This rank's part of every step: its boxes, what it does, and how much temporary room that needs. */
 static void dtl__analyze(const dtl_plan *p, dtl__ex_step *ex) {
   const dtl_mesh *mesh = p->src.mesh;
   int nd = p->src.ndim;
+  size_t es = dtl_dtype_size(p->src.dtype);
+  dtl_memory mem = mesh->comm ? mesh->comm->ops->memory : DTL_MEMORY_HOST;
   for (int k = 0; k < p->nsteps; k++) {
     const dtl__plan_step *s = &p->steps[k];
     dtl__ex_step *e = &ex[k];
@@ -154,17 +225,18 @@ static void dtl__analyze(const dtl_plan *p, dtl__ex_step *ex) {
       case DTL__STEP_ALL_GATHER:
         e->op = EX_GATHER;
         e->unpack = !dtl__split_is_contiguous(nd, e->out_shape, from.dim);
-        e->t = e->unpack ? e->b : 0;
+        e->t = e->unpack ? dtl__chunking(e, nd, e->out_shape, e->b, es, mem) : 0;
         break;
       case DTL__STEP_REDUCE_SCATTER:
         e->op = EX_REDUCE_SCATTER;
         e->pack = !dtl__split_is_contiguous(nd, e->in_shape, to.dim);
-        e->t = e->pack ? e->a : 0;
+        e->t = e->pack ? dtl__chunking(e, nd, e->in_shape, e->a, es, mem) : 0;
         break;
       case DTL__STEP_ALL_TO_ALL:
         e->op = EX_ALL_TO_ALL;
         e->pack = !dtl__split_is_contiguous(nd, e->in_shape, to.dim);
         e->unpack = !dtl__split_is_contiguous(nd, e->out_shape, from.dim);
+        if (dtl__chunk_all_to_all(e, nd, from.dim, to.dim, mesh->shape[e->m], es, mem)) break;
         /* Both sides scattered: pack into the temporary, exchange into the output, copy that back into the
          * temporary and place it, so that one region of max(a, b) suffices. */
         e->t = e->pack && e->unpack ? (e->a > e->b ? e->a : e->b) : e->pack ? e->a : e->unpack ? e->b : 0;
@@ -178,7 +250,7 @@ static size_t dtl__step_copies(const dtl__ex_step *e, bool staged) {
   size_t c = staged ? e->b : 0;
   if (e->op == EX_SLICE || e->op == EX_FILL) c += e->b;
   if (e->pack) c += e->a;
-  if (e->unpack) c += e->b * (e->pack ? 2 : 1);
+  if (e->unpack) c += e->b * (e->pack && !e->crows ? 2 : 1);
   return c;
 }
 
@@ -199,8 +271,8 @@ static bool dtl__dp_better(size_t scr, size_t copies, const dtl__dp_cell *c, boo
  * lives between steps. Within DST and SCR the data region sits at offset 0 and a temporary region right after
  * it; DST holds at most dst_cap elements. A step may write its output over its own input only when the input
  * is dead by then: in-place all-reduce and fill, or any step that first moves its input into its temporary.
- * A step without a temporary may be staged: it writes into a temporary of its output's size, which is then
- * copied over its input; this makes a placement exist for every plan (all in SCR). budget = SIZE_MAX
+ * A step may be staged: it writes its output into a temporary region after its own, which is then copied
+ * over its input; this makes a placement exist for every plan (all in SCR). budget = SIZE_MAX
  * minimizes the scratch size, then the copies; otherwise the copies within that scratch budget. */
 static void dtl__place_pass(const dtl__ex_step *ex, int n, int start, size_t dst_cap, size_t dst_count, size_t budget,
                             dtl__ex_layout *L) {
@@ -218,10 +290,14 @@ static void dtl__place_pass(const dtl__ex_step *ex, int n, int start, size_t dst
           dp[k + 1][in] = (dtl__dp_cell){true, false, c->scr, c->copies, (signed char)in, (signed char)in, AT_NONE};
         continue;
       }
-      bool can_stage = e->t == 0 && e->op != EX_ALL_REDUCE && e->op != EX_FILL;
+      bool can_stage = e->op != EX_ALL_REDUCE && e->op != EX_FILL;
       for (int staged = 0; staged <= (int)can_stage; staged++) {
-        size_t t = staged ? e->b : e->t;
-        bool over_input = t > 0 || e->op == EX_ALL_REDUCE || e->op == EX_FILL;
+        size_t t = staged ? e->t + e->b : e->t;
+        /* A chunked pass reads its input until the last chunk. A gather (whose output rows are longer than its
+         * input rows) runs its chunks last to first and a reduce-scatter (shorter) first to last, so that each
+         * chunk's output lands where no input is left to read; a chunked all-to-all cannot overlay. */
+        bool chunk_ok = e->crows == 0 || e->op == EX_GATHER || e->op == EX_REDUCE_SCATTER;
+        bool over_input = staged || (t > 0 && chunk_ok) || e->op == EX_ALL_REDUCE || e->op == EX_FILL;
         for (int out = AT_DST; out <= AT_SCR; out++) {
           if (out == in && !over_input) continue;
           for (int tmp = t ? AT_DST : AT_NONE; tmp <= (t ? AT_SCR : AT_NONE); tmp++) {
@@ -296,7 +372,7 @@ typedef struct {
   int nd;
   size_t es;
   dtl_dtype t;
-  size_t *cnt_a, *cnt_b; /* per-peer counts, sized for the largest group */
+  size_t *cnt_a, *cnt_b, *cnt_c; /* per-peer counts, sized for the largest group */
 } dtl__ex_ctx;
 
 /* base + elems elements, without arithmetic on a NULL base (empty buffers may be NULL). */
@@ -340,6 +416,33 @@ static bool dtl__intersect(int nd, const int64_t *as, const int64_t *ao, const i
   return nonempty;
 }
 
+/* Equal blocks take the engine's regular collective (MPI_Allgather, MPI_Reduce_scatter_block, MPI_Alltoall,
+ * or NCCL's own): the v-variants often run other, slower algorithms. The counts are the group's, the same on
+ * every member, so all choose alike. */
+static bool dtl__all_equal(const size_t *c, int n) {
+  for (int k = 1; k < n; k++)
+    if (c[k] != c[0]) return false;
+  return true;
+}
+
+static dtl_status dtl__gather(dtl_comm *c, const void *send, size_t n, void *recv, const size_t *counts, dtl_dtype t) {
+  if (dtl__all_equal(counts, c->size)) return c->ops->all_gather(c, send, recv, n, t);
+  return c->ops->all_gatherv(c, send, n, recv, counts, t);
+}
+
+static dtl_status dtl__reduce_scatter(dtl_comm *c, const void *send, void *recv, const size_t *counts, dtl_dtype t,
+                                      dtl_reduce_op op) {
+  if (dtl__all_equal(counts, c->size)) return c->ops->reduce_scatter(c, send, recv, counts[0], t, op);
+  return c->ops->reduce_scatterv(c, send, recv, counts, t, op);
+}
+
+/* even: every block between every pair of the group has one size (the caller knows it from the group's boxes). */
+static dtl_status dtl__exchange(dtl_comm *c, bool even, const void *send, const size_t *sc, void *recv, const size_t *rc,
+                                dtl_dtype t) {
+  if (even) return c->ops->all_to_all(c, send, recv, sc[0], t);
+  return c->ops->all_to_allv(c, send, sc, recv, rc, t);
+}
+
 static dtl_status dtl__run_gather(const dtl__ex_ctx *x, const dtl__plan_step *s, const dtl__ex_step *e, dtl_comm *c,
                                   const void *in, void *out, void *tmp) {
   int g = c->size, nd = x->nd;
@@ -351,16 +454,31 @@ static dtl_status dtl__run_gather(const dtl__ex_ctx *x, const dtl__plan_step *s,
     total += x->cnt_a[k];
   }
   if (total == 0) return DTL_OK; /* the group's box is empty on every member alike */
-  if (!e->unpack) return c->ops->all_gatherv(c, in, e->a, out, x->cnt_a, x->t);
-  DTL_TRY(c->ops->all_gatherv(c, in, e->a, tmp, x->cnt_a, x->t));
-  size_t off = 0;
-  for (int k = 0; k < g; k++) {
-    dtl__peer_box(x, s, 0, k, bs, bo);
-    int64_t rel[DTL_MAX_TENSOR_DIMS];
-    for (int d = 0; d < nd; d++) rel[d] = bo[d] - e->out_off[d];
-    dtl__box_copy b = dtl__box(nd, x->es, bs, bs, NULL, e->out_shape, rel);
-    DTL_TRY(c->ops->copy_box(c, dtl__at(tmp, off, x->es), out, &b));
-    off += x->cnt_a[k];
+  if (!e->unpack) return dtl__gather(c, in, e->a, out, x->cnt_a, x->t);
+  /* Every peer's block spans the same indices of the chunk dim (the gather splits another dim), so chunk r
+   * of the output gathers chunk r of every block. Last chunk first: the output may overlay the input. */
+  int cd = e->cdim;
+  int64_t rows = e->crows ? e->out_shape[cd] : 1, step = e->crows ? e->crows : 1;
+  for (int64_t r0 = (rows - 1) / step * step; r0 >= 0; r0 -= step) {
+    int64_t nr = rows - r0 < step ? rows - r0 : step;
+    for (int k = 0; k < g; k++) x->cnt_c[k] = e->crows ? x->cnt_a[k] / (size_t)rows * (size_t)nr : x->cnt_a[k];
+    size_t mine = e->crows ? e->a / (size_t)rows : 0;
+    DTL_TRY(dtl__gather(c, dtl__at((void *)(uintptr_t)in, mine * (size_t)r0, x->es), x->cnt_c[c->rank], tmp, x->cnt_c, x->t));
+    size_t off = 0;
+    for (int k = 0; k < g; k++) {
+      if (x->cnt_c[k]) {
+        dtl__peer_box(x, s, 0, k, bs, bo);
+        int64_t rel[DTL_MAX_TENSOR_DIMS];
+        for (int d = 0; d < nd; d++) rel[d] = bo[d] - e->out_off[d];
+        if (e->crows) {
+          bs[cd] = nr;
+          rel[cd] += r0;
+        }
+        dtl__box_copy b = dtl__box(nd, x->es, bs, bs, NULL, e->out_shape, rel);
+        DTL_TRY(c->ops->copy_box(c, dtl__at(tmp, off, x->es), out, &b));
+      }
+      off += x->cnt_c[k];
+    }
   }
   return DTL_OK;
 }
@@ -369,27 +487,120 @@ static dtl_status dtl__run_reduce_scatter(const dtl__ex_ctx *x, const dtl__plan_
                                           dtl_comm *c, const void *in, void *out, void *tmp) {
   int g = c->size, nd = x->nd;
   if (e->a == 0) return DTL_OK; /* the input box is the same on every member of the group */
+  dtl_reduce_op op = s->before[s->mesh_dim].op;
   int64_t bs[DTL_MAX_TENSOR_DIMS], bo[DTL_MAX_TENSOR_DIMS];
-  size_t off = 0;
   for (int k = 0; k < g; k++) {
     dtl__peer_box(x, s, 1, k, bs, bo);
     x->cnt_b[k] = dtl__box_count(nd, bs);
-    if (e->pack) {
-      int64_t rel[DTL_MAX_TENSOR_DIMS];
-      for (int d = 0; d < nd; d++) rel[d] = bo[d] - e->in_off[d];
-      dtl__box_copy b = dtl__box(nd, x->es, bs, e->in_shape, rel, bs, NULL);
-      DTL_TRY(c->ops->copy_box(c, in, dtl__at(tmp, off, x->es), &b));
-    }
-    off += x->cnt_b[k];
   }
-  return c->ops->reduce_scatterv(c, e->pack ? tmp : in, out, x->cnt_b, x->t, s->before[s->mesh_dim].op);
+  if (!e->pack) return dtl__reduce_scatter(c, in, out, x->cnt_b, x->t, op);
+  /* Pack chunk by chunk of the chunk dim, which the step does not split: every peer's block spans the same
+   * rows, and the rows reduced into this rank's output are contiguous there. */
+  int cd = e->cdim;
+  int64_t rows = e->crows ? e->in_shape[cd] : 1, step = e->crows ? e->crows : 1;
+  size_t out_row = e->crows ? e->b / (size_t)rows : 0;
+  for (int64_t r0 = 0; r0 < rows; r0 += step) {
+    int64_t nr = rows - r0 < step ? rows - r0 : step;
+    size_t off = 0;
+    for (int k = 0; k < g; k++) {
+      x->cnt_c[k] = e->crows ? x->cnt_b[k] / (size_t)rows * (size_t)nr : x->cnt_b[k];
+      if (x->cnt_c[k]) {
+        dtl__peer_box(x, s, 1, k, bs, bo);
+        int64_t rel[DTL_MAX_TENSOR_DIMS];
+        for (int d = 0; d < nd; d++) rel[d] = bo[d] - e->in_off[d];
+        if (e->crows) {
+          bs[cd] = nr;
+          rel[cd] += r0;
+        }
+        dtl__box_copy b = dtl__box(nd, x->es, bs, e->in_shape, rel, bs, NULL);
+        DTL_TRY(c->ops->copy_box(c, in, dtl__at(tmp, off, x->es), &b));
+      }
+      off += x->cnt_c[k];
+    }
+    DTL_TRY(dtl__reduce_scatter(c, tmp, dtl__at(out, out_row * (size_t)r0, x->es), x->cnt_c, x->t, op));
+  }
+  return DTL_OK;
+}
+
+/* Clips box (s, o) on dim d to the rows [lo, lo + n); false when nothing is left. */
+static bool dtl__clip(int64_t *s, int64_t *o, int d, int64_t lo, int64_t n) {
+  int64_t a = o[d] > lo ? o[d] : lo, b = o[d] + s[d] < lo + n ? o[d] + s[d] : lo + n;
+  o[d] = a;
+  s[d] = b > a ? b - a : 0;
+  return s[d] > 0;
+}
+
+/* The chunked all-to-all: chunk r takes, from every sender-receiver pair, the rows of the chunk dim that
+ * e->cmode assigns to it, packs them, exchanges them and places them. */
+static dtl_status dtl__run_all_to_all_chunked(const dtl__ex_ctx *x, const dtl__plan_step *s, const dtl__ex_step *e,
+                                              dtl_comm *c, bool even, int64_t rows, const void *in, void *out,
+                                              void *tmp) {
+  int g = c->size, nd = x->nd, cd = e->cdim;
+  void *tsend = tmp, *trecv = dtl__at(tmp, e->tsend, x->es);
+  int64_t ps[DTL_MAX_TENSOR_DIMS], po[DTL_MAX_TENSOR_DIMS], is[DTL_MAX_TENSOR_DIMS], io[DTL_MAX_TENSOR_DIMS];
+  for (int64_t r0 = 0; r0 < rows; r0 += e->crows) {
+    size_t off = 0;
+    for (int k = 0; k < g; k++) {
+      dtl__peer_box(x, s, 1, k, ps, po);
+      int64_t lo = e->cmode == 1 ? e->in_off[cd] : e->cmode == 2 ? po[cd] : e->cbase;
+      x->cnt_a[k] = dtl__intersect(nd, e->in_shape, e->in_off, ps, po, is, io) && dtl__clip(is, io, cd, lo + r0, e->crows)
+                        ? dtl__box_count(nd, is) : 0;
+      if (x->cnt_a[k]) {
+        int64_t rel[DTL_MAX_TENSOR_DIMS];
+        for (int d = 0; d < nd; d++) rel[d] = io[d] - e->in_off[d];
+        dtl__box_copy b = dtl__box(nd, x->es, is, e->in_shape, rel, is, NULL);
+        DTL_TRY(c->ops->copy_box(c, in, dtl__at(tsend, off, x->es), &b));
+      }
+      off += x->cnt_a[k];
+    }
+    for (int k = 0; k < g; k++) {
+      dtl__peer_box(x, s, 0, k, ps, po);
+      int64_t lo = e->cmode == 1 ? po[cd] : e->cmode == 2 ? e->out_off[cd] : e->cbase;
+      x->cnt_b[k] = dtl__intersect(nd, ps, po, e->out_shape, e->out_off, is, io) && dtl__clip(is, io, cd, lo + r0, e->crows)
+                        ? dtl__box_count(nd, is) : 0;
+    }
+    DTL_TRY(dtl__exchange(c, even, tsend, x->cnt_a, trecv, x->cnt_b, x->t));
+    off = 0;
+    for (int k = 0; k < g; k++) {
+      if (x->cnt_b[k]) {
+        dtl__peer_box(x, s, 0, k, ps, po);
+        int64_t lo = e->cmode == 1 ? po[cd] : e->cmode == 2 ? e->out_off[cd] : e->cbase;
+        dtl__intersect(nd, ps, po, e->out_shape, e->out_off, is, io);
+        dtl__clip(is, io, cd, lo + r0, e->crows);
+        int64_t rel[DTL_MAX_TENSOR_DIMS];
+        for (int d = 0; d < nd; d++) rel[d] = io[d] - e->out_off[d];
+        dtl__box_copy b = dtl__box(nd, x->es, is, is, NULL, e->out_shape, rel);
+        DTL_TRY(c->ops->copy_box(c, dtl__at(trecv, off, x->es), out, &b));
+      }
+      off += x->cnt_b[k];
+    }
+  }
+  return DTL_OK;
 }
 
 static dtl_status dtl__run_all_to_all(const dtl__ex_ctx *x, const dtl__plan_step *s, const dtl__ex_step *e, dtl_comm *c,
                                       const void *in, void *out, void *tmp) {
   int g = c->size, nd = x->nd;
   int64_t ps[DTL_MAX_TENSOR_DIMS], po[DTL_MAX_TENSOR_DIMS], is[DTL_MAX_TENSOR_DIMS], io[DTL_MAX_TENSOR_DIMS];
-  size_t total = 0, off = 0;
+  size_t total = 0, in0 = 0, out0 = 0;
+  int64_t rows = 0; /* chunked: the most rows of the chunk dim any peer's chunk domain has */
+  bool even = s->before[s->mesh_dim].dim != s->after[s->mesh_dim].dim;
+  for (int k = 0; k < g; k++) {
+    dtl__peer_box(x, s, 1, k, ps, po);
+    size_t outk = dtl__box_count(nd, ps);
+    if (k == 0) out0 = outk;
+    even = even && outk == out0;
+    if (e->crows && e->cmode != 1 && ps[e->cdim] > rows) rows = ps[e->cdim];
+    dtl__peer_box(x, s, 0, k, ps, po);
+    size_t ink = dtl__box_count(nd, ps);
+    if (k == 0) in0 = ink;
+    even = even && ink == in0;
+    total += ink;
+    if (e->crows && e->cmode == 1 && ps[e->cdim] > rows) rows = ps[e->cdim];
+  }
+  if (total == 0) return DTL_OK; /* the group's box is empty on every member alike */
+  if (e->crows) return dtl__run_all_to_all_chunked(x, s, e, c, even, rows, in, out, tmp);
+  size_t off = 0;
   for (int k = 0; k < g; k++) {
     /* To peer k: my input box within k's output box; from peer k: k's input box within my output box. */
     dtl__peer_box(x, s, 1, k, ps, po);
@@ -402,19 +613,17 @@ static dtl_status dtl__run_all_to_all(const dtl__ex_ctx *x, const dtl__plan_step
     }
     off += x->cnt_a[k];
     dtl__peer_box(x, s, 0, k, ps, po);
-    total += dtl__box_count(nd, ps);
     x->cnt_b[k] = dtl__intersect(nd, ps, po, e->out_shape, e->out_off, is, io) ? dtl__box_count(nd, is) : 0;
   }
-  if (total == 0) return DTL_OK; /* the group's box is empty on every member alike */
   const void *send = e->pack ? tmp : in;
-  if (!e->unpack) return c->ops->all_to_allv(c, send, x->cnt_a, out, x->cnt_b, x->t);
+  if (!e->unpack) return dtl__exchange(c, even, send, x->cnt_a, out, x->cnt_b, x->t);
   void *recv = tmp;
   if (e->pack) {
     /* tmp still holds what is being sent: receive into the output, then move it to tmp to place it. */
-    DTL_TRY(c->ops->all_to_allv(c, send, x->cnt_a, out, x->cnt_b, x->t));
+    DTL_TRY(dtl__exchange(c, even, send, x->cnt_a, out, x->cnt_b, x->t));
     DTL_TRY(c->ops->mem_copy(c, tmp, out, e->b * x->es));
   } else {
-    DTL_TRY(c->ops->all_to_allv(c, send, x->cnt_a, recv, x->cnt_b, x->t));
+    DTL_TRY(dtl__exchange(c, even, send, x->cnt_a, recv, x->cnt_b, x->t));
   }
   off = 0;
   for (int k = 0; k < g; k++) {
@@ -492,14 +701,16 @@ dtl_status dtl_plan_execute(const dtl_plan *p, const void *src_local, void *dst_
   dtl__ex_layout L;
   dtl__analyze(p, ex);
   dtl__place(ex, p->nsteps, aliased ? AT_DST : AT_SRC, aliased ? (a0 > d0 ? a0 : d0) : d0, a0, d0, &L);
+  if (L.final_at == AT_NONE) /* cannot happen: staging every step in SCR is always a placement */
+    return dtl__error_fn(DTL_ERR_INTERNAL, fn, "found no placement of the plan's %d steps in the buffers", p->nsteps);
 
   int gmax = 1;
   for (int md = 0; md < mesh->ndim; md++)
     if (mesh->shape[md] > gmax) gmax = mesh->shape[md];
-  size_t small[2 * 64], *counts = small;
-  if (gmax > 64 && !(counts = malloc(sizeof(size_t) * 2 * (size_t)gmax)))
+  size_t small[3 * 64], *counts = small;
+  if (gmax > 64 && !(counts = malloc(sizeof(size_t) * 3 * (size_t)gmax)))
     return dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory");
-  dtl__ex_ctx x = {p, mesh, p->src.ndim, es, p->src.dtype, counts, counts + gmax};
+  dtl__ex_ctx x = {p, mesh, p->src.ndim, es, p->src.dtype, counts, counts + gmax, counts + 2 * gmax};
 
   dtl_comm *mc = mesh->comm;
   void *scr = NULL;
@@ -518,8 +729,9 @@ dtl_status dtl_plan_execute(const dtl_plan *p, const void *src_local, void *dst_
       tp = dtl__at(base[tmp], data, es);
     }
     if (L.staged[k]) {
-      st = dtl__run_step(&x, k, e, base[in], tp, NULL);
-      if (st == DTL_OK && e->b) st = mesh->dim_comm[e->m]->ops->mem_copy(mesh->dim_comm[e->m], base[out], tp, e->b * es);
+      char *staging = dtl__at(tp, e->t, es);
+      st = dtl__run_step(&x, k, e, base[in], staging, e->t ? tp : NULL);
+      if (st == DTL_OK && e->b) st = mesh->dim_comm[e->m]->ops->mem_copy(mesh->dim_comm[e->m], base[out], staging, e->b * es);
     } else {
       st = dtl__run_step(&x, k, e, base[in], base[out], tp);
     }

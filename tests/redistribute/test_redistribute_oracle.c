@@ -176,15 +176,21 @@ int main(int argc, char **argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world_size);
   int trials = argc > 1 ? atoi(argv[1]) : 4, nlayouts = argc > 2 ? atoi(argv[2]) : 5;
-  for (size_t i = 0; i < sizeof meshes / sizeof *meshes; i++) {
-    if (meshes[i].np != world_size) continue;
-    tu_mesh m;
-    if (tu_mesh_open(meshes[i].ndim, meshes[i].shape, &m) != 0) {
-      TU_EXPECT(0, "mesh");
-      continue;
+  /* Default chunks, then 48-byte chunks so that small tensors take the chunked pack/unpack paths too. */
+  static const size_t chunks[] = {0, 48};
+  for (int ci = 0; ci < 2; ci++) {
+    dtl__executor_set_chunk_bytes(chunks[ci]);
+    if (world_rank == 0 && ci) printf("-- with %zu-byte chunks\n", chunks[ci]);
+    for (size_t i = 0; i < sizeof meshes / sizeof *meshes; i++) {
+      if (meshes[i].np != world_size) continue;
+      tu_mesh m;
+      if (tu_mesh_open(meshes[i].ndim, meshes[i].shape, &m) != 0) {
+        TU_EXPECT(0, "mesh");
+        continue;
+      }
+      if (m.mesh) run_mesh(&m, (int)i, trials, nlayouts);
+      tu_mesh_close(&m);
     }
-    if (m.mesh) run_mesh(&m, (int)i, trials, nlayouts);
-    tu_mesh_close(&m);
   }
   return tu_finish("test_redistribute_oracle");
 }

@@ -299,7 +299,7 @@ int main(int argc, char **argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world_size);
   /* Bounded work per mesh: np=8 runs 4 meshes, each rank oversubscribed 4x on a small machine. */
-  int trials = argc > 1 ? atoi(argv[1]) : 4, nlayouts = argc > 2 ? atoi(argv[2]) : 5;
+  int trials = argc > 1 ? atoi(argv[1]) : 8, nlayouts = argc > 2 ? atoi(argv[2]) : 6;
   /* Default chunks; 48-byte chunks, so that small tensors take the chunked gather and reduce-scatter paths
    * too; 256-byte chunks on larger tensors, whose all-to-alls are then chunked in all three row modes. */
   static const size_t chunks[] = {0, 48, 256};

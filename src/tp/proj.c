@@ -1,0 +1,51 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* One local projection of a TP layer: this rank's weight shard (and bias) copied out of the dense
+ * checkpoint, and Y = X W^T + b through the context's GEMM. Column- and row-parallel layers, the fused QKV
+ * and gate/up projections and the LM head all run through here. */
+#include <string.h>
+#include "tp/tp_internal.h"
+
+dtl_status dtl__tp_proj_init(dtl_tp_context *ctx, const char *fn, dtl__tp_proj *p, const void *w, int64_t in,
+                             const dtl__tp_rows *ranges, int nranges, int64_t col_off, int64_t cols, const void *bias) {
+  memset(p, 0, sizeof *p);
+  int64_t rows = 0, src_rows = 0;
+  for (int i = 0; i < nranges; i++) {
+    rows += ranges[i].rows;
+    if (ranges[i].row_off + ranges[i].rows > src_rows) src_rows = ranges[i].row_off + ranges[i].rows;
+  }
+  size_t wn;
+  DTL_TRY(dtl__tp_count(fn, "weight shard", rows, cols, &wn));
+  dtl_comm *c = ctx->comm;
+  dtl_status st = DTL_OK;
+  DTL_TRY_GOTO(c->ops->mem_alloc(c, wn ? wn * ctx->elem : 1, &p->w), st, fail);
+  DTL_TRY_GOTO(dtl__tp_pack_rows(ctx, w, src_rows, in, ranges, nranges, col_off, cols, p->w), st, fail);
+  if (bias) {
+    DTL_TRY_GOTO(c->ops->mem_alloc(c, rows ? (size_t)rows * ctx->elem : 1, &p->bias), st, fail);
+    DTL_TRY_GOTO(dtl__tp_pack_rows(ctx, bias, src_rows, 1, ranges, nranges, 0, 1, p->bias), st, fail);
+  }
+  p->rows = rows;
+  p->cols = cols;
+  return DTL_OK;
+fail:
+  dtl__tp_proj_fini(ctx, p);
+  return dtl__error_prefix(st, "%s", fn);
+}
+
+void dtl__tp_proj_fini(dtl_tp_context *ctx, dtl__tp_proj *p) {
+  if (p->w) ctx->comm->ops->mem_free(ctx->comm, p->w);
+  if (p->bias) ctx->comm->ops->mem_free(ctx->comm, p->bias);
+  memset(p, 0, sizeof *p);
+}
+
+dtl_status dtl__tp_proj_apply(dtl_tp_context *ctx, const dtl__tp_proj *p, int64_t tokens, const void *x, int64_t ldx,
+                              void *y, int64_t ldy) {
+  float beta = 0.0f;
+  if (p->bias && p->rows > 0) {
+    /* Seed every output row with the bias and let the GEMM accumulate onto it (beta = 1). */
+    const float *b = p->bias;
+    float *out = y;
+    for (int64_t t = 0; t < tokens; t++) memcpy(out + t * ldy, b, (size_t)p->rows * sizeof(float));
+    beta = 1.0f;
+  }
+  return dtl__gemm(&ctx->gemm, ctx->dtype, tokens, p->rows, p->cols, 1.0f, x, ldx, p->w, p->cols, beta, y, ldy);
+}

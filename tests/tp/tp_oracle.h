@@ -45,7 +45,7 @@ typedef struct {
   int tp, rank, data, data_coord;
 } t_env;
 
-static void t_setup(int argc, char **argv, t_env *env) {
+static inline void t_setup(int argc, char **argv, t_env *env) {
   MPI_Init(&argc, &argv);
   MPI_Comm_rank(MPI_COMM_WORLD, &t_world_rank);
   int np;
@@ -76,7 +76,7 @@ static void t_setup(int argc, char **argv, t_env *env) {
 }
 
 /* Every rank returns the same verdict: 0 when no rank failed. */
-static int t_finish(t_env *env) {
+static inline int t_finish(t_env *env) {
   int total = 0;
   MPI_Allreduce(&t_fail, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
   if (t_world_rank == 0) printf("%s: %d failed checks (tp=%d, data=%d)\n", total ? "FAIL" : "PASS", total, env->tp, env->data);
@@ -88,7 +88,7 @@ static int t_finish(t_env *env) {
 }
 
 /* torch.chunk, written independently of dtl: chunks of ceil(n/k), the tail takes the rest. */
-static void t_chunk(int64_t n, int k, int i, int64_t *off, int64_t *cnt) {
+static inline void t_chunk(int64_t n, int k, int i, int64_t *off, int64_t *cnt) {
   int64_t c = (n + k - 1) / k, lo = c * i, hi = lo + c;
   if (lo > n) lo = n;
   if (hi > n) hi = n;
@@ -118,7 +118,7 @@ static float *t_reals(unsigned seed, int64_t n, float r) {
 }
 
 /* y[T, out] = x[T, in] w[out, in]^T + b, in double. */
-static void t_linear(int64_t T, int64_t in, int64_t out, const float *x, const float *w, const float *b, double *y) {
+static inline void t_linear(int64_t T, int64_t in, int64_t out, const float *x, const float *w, const float *b, double *y) {
   for (int64_t t = 0; t < T; t++)
     for (int64_t o = 0; o < out; o++) {
       double s = b ? b[o] : 0.0;
@@ -126,7 +126,7 @@ static void t_linear(int64_t T, int64_t in, int64_t out, const float *x, const f
       y[t * out + o] = s;
     }
 }
-static void t_linear_d(int64_t T, int64_t in, int64_t out, const double *x, const float *w, const float *b, double *y) {
+static inline void t_linear_d(int64_t T, int64_t in, int64_t out, const double *x, const float *w, const float *b, double *y) {
   for (int64_t t = 0; t < T; t++)
     for (int64_t o = 0; o < out; o++) {
       double s = b ? b[o] : 0.0;
@@ -136,7 +136,7 @@ static void t_linear_d(int64_t T, int64_t in, int64_t out, const double *x, cons
 }
 
 /* Dense MLP: gated = silu(x Wg^T) * (x Wu^T) with W = [gate; up]; else gelu(x Wu^T); then down. */
-static void t_mlp(int64_t T, int64_t H, int64_t F, int gated, const float *x, const float *gu, const float *gub,
+static inline void t_mlp(int64_t T, int64_t H, int64_t F, int gated, const float *x, const float *gu, const float *gub,
                   const float *down, const float *downb, double *y) {
   int64_t w = gated ? 2 * F : F;
   double *h = malloc(sizeof(double) * (size_t)(T * w + 1)), *a = malloc(sizeof(double) * (size_t)(T * F + 1));
@@ -152,7 +152,7 @@ static void t_mlp(int64_t T, int64_t H, int64_t F, int gated, const float *x, co
 }
 
 /* Dense causal GQA attention: qkv = x Wqkv^T + b, per q head h softmax(scale q k^T) v with kv head h / g. */
-static void t_attention(int64_t T, int64_t H, int64_t Hq, int64_t Hkv, int64_t D, float scale, const float *x,
+static inline void t_attention(int64_t T, int64_t H, int64_t Hq, int64_t Hkv, int64_t D, float scale, const float *x,
                         const float *wqkv, const float *bqkv, const float *wo, const float *bo, double *y) {
   int64_t W = (Hq + 2 * Hkv) * D, g = Hq / Hkv;
   double *qkv = malloc(sizeof(double) * (size_t)(T * W + 1)), *o = malloc(sizeof(double) * (size_t)(T * Hq * D + 1));
@@ -183,7 +183,7 @@ static void t_attention(int64_t T, int64_t H, int64_t Hq, int64_t Hkv, int64_t D
 }
 
 /* The local block [rows r0.., cols c0..] of a dense [*, ld] double array vs got [rows, cols]: max error. */
-static double t_block_err(const double *dense, int64_t ld, int64_t r0, int64_t rows, int64_t c0, int64_t cols,
+static inline double t_block_err(const double *dense, int64_t ld, int64_t r0, int64_t rows, int64_t c0, int64_t cols,
                           const float *got, double *ref_max) {
   double err = 0, mx = 0;
   for (int64_t r = 0; r < rows; r++)

@@ -98,7 +98,7 @@ static inline void t_chunk(int64_t n, int k, int i, int64_t *off, int64_t *cnt) 
 
 /* Deterministic data: small integers in [-r, r] (exact in f32 sums) or reals in [-r, r). The data-parallel
  * coordinate is mixed into the seed so that replicas feed different data. */
-static float *t_ints(unsigned seed, int64_t n, int r) {
+static inline float *t_ints(unsigned seed, int64_t n, int r) {
   float *p = malloc(sizeof(float) * (size_t)(n ? n : 1));
   uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
   for (int64_t i = 0; i < n; i++) {
@@ -107,7 +107,7 @@ static float *t_ints(unsigned seed, int64_t n, int r) {
   }
   return p;
 }
-static float *t_reals(unsigned seed, int64_t n, float r) {
+static inline float *t_reals(unsigned seed, int64_t n, float r) {
   float *p = malloc(sizeof(float) * (size_t)(n ? n : 1));
   uint64_t s = seed * 0x9E3779B97F4A7C15ull + 7;
   for (int64_t i = 0; i < n; i++) {

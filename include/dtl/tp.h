@@ -9,15 +9,17 @@
  * - Activations are 2-D row-major [tokens, features]; the tokens of one call form one causal sequence.
  *   Their layouts are dtl layouts on the context's mesh: the stated placement on the TP dim, Replicate on
  *   every other mesh dim (a data-parallel replica that feeds other tokens simply runs its own TP group).
- *   X  = R        : every TP rank holds all of [T, F]
+ *   R             : every TP rank holds all of [T, F]
  *   S(0)          : rank r holds the token rows chunk(T, tp, r)     (sequence parallel)
  *   S(1)          : rank r holds the feature columns chunk(F, tp, r)
  *   Partial(sum)  : every rank holds a [T, F] addend (internal, between a row-parallel GEMM and its reduce)
  *   Uneven sizes follow torch.chunk, exactly as dtl_layout_local_box (a rank may hold an empty shard).
  * - Weights are row-major [out, in], as checkpoints store them; Y = X W^T + b.
  * - Dense weights, shards and activations live in the memory of the TP communicator (host for MPI). The
- *   layers compute in f32 on the host (OpenBLAS). On a device (NCCL) context the weight-sharding functions
- *   and the communication halves work (f32/f16/bf16); the full layers return DTL_ERR_UNSUPPORTED there.
+ *   layers compute in f32 on the host (OpenBLAS). On a device (NCCL) context, and for f16/bf16, the
+ *   weight-sharding functions and the communication halves work (they only copy and communicate); the full
+ *   layers and top-k return DTL_ERR_UNSUPPORTED there (the device GEMM exists internally, the device
+ *   kernels for bias, activations, softmax and lookups do not yet).
  * - A context and the layers made from it share one grow-only scratch space: use them from one thread at
  *   a time. All TP ranks must make the same calls in the same order with the same shapes.
  * - Failures return a status with a message (dtl_last_error) naming the argument; argument and layout
@@ -212,7 +214,8 @@ DTL_API dtl_status dtl_tp_embedding_layout(const dtl_tp_embedding *e, int64_t to
 DTL_API dtl_status dtl_tp_embedding_forward(dtl_tp_embedding *e, int64_t tokens, const int64_t *ids, void *y);
 DTL_API void dtl_tp_embedding_destroy(dtl_tp_embedding *e);
 
-/* Distributed top-k over vocab-sharded logits ([T, vocab] S(1), e.g. a column-parallel LM head's output),
+/* Distributed top-k over vocab-sharded logits ([T, vocab] S(1), e.g. a column-parallel LM head's output;
+ * host f32 contexts),
  * without gathering them: each rank selects its k best (value, global index) pairs per token and one
  * all-gather exchanges only those (T * k pairs per rank). values [T, k] (f32, host) and indices [T, k]
  * (host) get, on every rank, the k largest logits of each token in descending order; equal values are

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The test harness of the TP tests: mesh set-up from the command line (--data D makes a D x (np/D)
- * data x tensor mesh), a failure counter that every rank agrees on, deterministic generators, an
+ * data x tensor mesh; --tp-first makes it (np/D) x D with the TP dim first), a failure counter that every rank agrees on, deterministic generators, an
  * independent torch.chunk, and dense double-precision oracles of every layer. */
 #ifndef DTL_TP_ORACLE_H
 #define DTL_TP_ORACLE_H
@@ -50,29 +50,31 @@ static inline void t_setup(int argc, char **argv, t_env *env) {
   MPI_Comm_rank(MPI_COMM_WORLD, &t_world_rank);
   int np;
   MPI_Comm_size(MPI_COMM_WORLD, &np);
-  int data = 1;
-  for (int i = 1; i + 1 < argc; i++)
-    if (!strcmp(argv[i], "--data")) data = atoi(argv[i + 1]);
+  int data = 1, tp_first = 0;
+  for (int i = 1; i < argc; i++) {
+    if (i + 1 < argc && !strcmp(argv[i], "--data")) data = atoi(argv[i + 1]);
+    if (!strcmp(argv[i], "--tp-first")) tp_first = 1;
+  }
   if (data < 1 || np % data) {
     if (t_world_rank == 0) fprintf(stderr, "--data %d does not divide %d ranks\n", data, np);
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
   memset(env, 0, sizeof *env);
   if (dtl_comm_from_mpi(MPI_COMM_WORLD, &env->world) != DTL_OK) MPI_Abort(MPI_COMM_WORLD, 2);
-  int shape[2] = {data, np / data};
+  int shape[2] = {tp_first ? np / data : data, tp_first ? data : np / data};
   if (data > 1) {
     if (dtl_mesh_create(env->world, 2, shape, &env->mesh) != DTL_OK) MPI_Abort(MPI_COMM_WORLD, 2);
   } else if (dtl_mesh_create(env->world, 1, &np, &env->mesh) != DTL_OK) {
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
-  int tp_dim = data > 1 ? 1 : 0;
+  int tp_dim = data > 1 && !tp_first ? 1 : 0;
   if (dtl_tp_context_create(env->mesh, tp_dim, NULL, &env->ctx) != DTL_OK) MPI_Abort(MPI_COMM_WORLD, 2);
   env->tp = dtl_tp_context_size(env->ctx);
   env->rank = dtl_tp_context_rank(env->ctx);
   env->data = data;
   int coord[2] = {0, 0};
   dtl_mesh_coord(env->mesh, coord);
-  env->data_coord = data > 1 ? coord[0] : 0;
+  env->data_coord = data > 1 ? coord[1 - tp_dim] : 0;
 }
 
 /* Every rank returns the same verdict: 0 when no rank failed. */

@@ -14,7 +14,6 @@ struct dtl_tp_attention {
   dtl_tp_range q, kv; /* this rank's heads */
   float scale;
   dtl__tp_proj qkv, out;
-  void *out_bias; /* [hidden], added after the reduction */
 };
 
 static dtl_placement dtl__tp_attn_p(const dtl_tp_attention *a) { return a->sp ? dtl_shard(0) : dtl_replicate(); }
@@ -53,12 +52,8 @@ dtl_status dtl_tp_attention_create(dtl_tp_context *ctx, const dtl_tp_attention_p
   DTL_TRY_GOTO(dtl__tp_qkv_rows(ctx, fn, p->q_heads, p->kv_heads, D, rows), st, fail);
   dtl__tp_rows all = {0, p->hidden};
   DTL_TRY_GOTO(dtl__tp_proj_init(ctx, fn, &a->qkv, p->qkv, p->hidden, rows, 3, 0, p->hidden, p->qkv_bias), st, fail);
-  DTL_TRY_GOTO(dtl__tp_proj_init(ctx, fn, &a->out, p->out, p->q_heads * D, &all, 1, q.offset * D, q.count * D, NULL), st,
-               fail);
-  if (p->out_bias) {
-    DTL_TRY_GOTO(ctx->comm->ops->mem_alloc(ctx->comm, (size_t)p->hidden * ctx->elem, &a->out_bias), st, fail);
-    DTL_TRY_GOTO(ctx->comm->ops->mem_copy(ctx->comm, a->out_bias, p->out_bias, (size_t)p->hidden * ctx->elem), st, fail);
-  }
+  DTL_TRY_GOTO(dtl__tp_proj_init(ctx, fn, &a->out, p->out, p->q_heads * D, &all, 1, q.offset * D, q.count * D,
+                                 p->out_bias), st, fail);
   *out = a;
   return DTL_OK;
 fail:
@@ -112,33 +107,24 @@ dtl_status dtl_tp_attention_forward(dtl_tp_attention *a, const dtl_layout *x_lay
   DTL_CHECK_ARG(a != NULL, fn, "block=NULL");
   dtl_tp_context *ctx = a->ctx;
   int64_t T;
-  DTL_TRY(dtl__tp_check_layout(ctx, fn, "x_layout", x_layout, a->hidden, dtl__tp_attn_p(a), &T));
-  size_t local = dtl_layout_local_count(x_layout);
-  DTL_CHECK_ARG(x != NULL || local == 0, fn, "x=NULL");
-  DTL_CHECK_ARG(y != NULL || local == 0, fn, "y=NULL");
+  const void *xin;
+  DTL_TRY(dtl__tp_input(ctx, fn, x_layout, a->hidden, dtl__tp_attn_p(a), x, &T, &xin));
+  DTL_CHECK_ARG(y != NULL || dtl_layout_local_count(x_layout) == 0, fn, "y=NULL");
   size_t e = ctx->elem;
-  const void *xin = x;
-  if (a->sp) {
-    void *full;
-    DTL_TRY(dtl__tp_scratch(ctx, DTL__TP_WS_INPUT, (size_t)(T * a->hidden) * e, &full));
-    DTL_TRY(dtl__tp_gather_tokens(ctx, T, a->hidden, x, full));
-    xin = full;
-  }
   int64_t width = a->qkv.rows, attn_w = a->out.cols;
   void *qkv, *attn, *partial;
   DTL_TRY(dtl__tp_scratch(ctx, DTL__TP_WS_MID, (size_t)(T * width) * e, &qkv));
   DTL_TRY(dtl__tp_scratch(ctx, DTL__TP_WS_ATTN, (size_t)(T * attn_w) * e, &attn));
   DTL_TRY(dtl__tp_scratch(ctx, DTL__TP_WS_PARTIAL, (size_t)(T * a->hidden) * e, &partial));
-  DTL_TRY(dtl__tp_proj_apply(ctx, &a->qkv, T, xin, a->hidden, qkv, width));
+  DTL_TRY(dtl__tp_proj_apply(ctx, &a->qkv, true, T, xin, a->hidden, qkv, width));
   DTL_TRY(dtl__tp_attend(a, qkv, T, attn));
-  DTL_TRY(dtl__tp_proj_apply(ctx, &a->out, T, attn, attn_w, partial, a->hidden));
-  return dtl__tp_reduce(ctx, T, a->hidden, a->sp, partial, a->out_bias, y);
+  DTL_TRY(dtl__tp_proj_apply(ctx, &a->out, false, T, attn, attn_w, partial, a->hidden));
+  return dtl__tp_reduce(ctx, T, a->hidden, a->sp, partial, a->out.bias, y);
 }
 
 void dtl_tp_attention_destroy(dtl_tp_attention *a) {
   if (!a) return;
   dtl__tp_proj_fini(a->ctx, &a->qkv);
   dtl__tp_proj_fini(a->ctx, &a->out);
-  if (a->out_bias) a->ctx->comm->ops->mem_free(a->ctx->comm, a->out_bias);
   free(a);
 }

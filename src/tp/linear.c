@@ -10,7 +10,6 @@ struct dtl_tp_linear {
   bool sp, gather;
   int64_t in, out;
   dtl__tp_proj proj;
-  void *row_bias; /* row-parallel: the whole bias [out], added after the reduction */
 };
 
 static dtl_placement dtl__tp_linear_in_p(const dtl_tp_linear *l) {
@@ -54,11 +53,8 @@ dtl_status dtl_tp_linear_create(dtl_tp_context *ctx, const dtl_tp_linear_params 
   } else {
     dtl_tp_range c = dtl__tp_chunk(ctx, l->in, ctx->rank);
     dtl__tp_rows rows = {0, l->out};
-    DTL_TRY_GOTO(dtl__tp_proj_init(ctx, fn, &l->proj, p->weight, l->in, &rows, 1, c.offset, c.count, NULL), st, fail);
-    if (p->bias) {
-      DTL_TRY_GOTO(ctx->comm->ops->mem_alloc(ctx->comm, l->out ? (size_t)l->out * ctx->elem : 1, &l->row_bias), st, fail);
-      DTL_TRY_GOTO(ctx->comm->ops->mem_copy(ctx->comm, l->row_bias, p->bias, (size_t)l->out * ctx->elem), st, fail);
-    }
+    DTL_TRY_GOTO(dtl__tp_proj_init(ctx, fn, &l->proj, p->weight, l->in, &rows, 1, c.offset, c.count, p->bias), st,
+                 fail);
   }
   *out = l;
   return DTL_OK;
@@ -78,36 +74,28 @@ dtl_status dtl_tp_linear_forward(dtl_tp_linear *l, const dtl_layout *x_layout, c
   DTL_CHECK_ARG(l != NULL, fn, "layer=NULL");
   dtl_tp_context *ctx = l->ctx;
   int64_t T;
-  DTL_TRY(dtl__tp_check_layout(ctx, fn, "x_layout", x_layout, l->in, dtl__tp_linear_in_p(l), &T));
-  DTL_CHECK_ARG(x != NULL || dtl_layout_local_count(x_layout) == 0, fn, "x=NULL");
+  const void *xin;
+  DTL_TRY(dtl__tp_input(ctx, fn, x_layout, l->in, dtl__tp_linear_in_p(l), x, &T, &xin));
   size_t y_count = (size_t)(l->kind == DTL_TP_COLUMN && !l->gather ? T * l->proj.rows
                             : l->sp && l->kind == DTL_TP_ROW ? dtl__tp_chunk(ctx, T, ctx->rank).count * l->out
                                                              : T * l->out);
   DTL_CHECK_ARG(y != NULL || y_count == 0, fn, "y=NULL");
   size_t e = ctx->elem;
   if (l->kind == DTL_TP_COLUMN) {
-    const void *xin = x;
-    if (l->sp) {
-      void *full;
-      DTL_TRY(dtl__tp_scratch(ctx, DTL__TP_WS_INPUT, (size_t)(T * l->in) * e, &full));
-      DTL_TRY(dtl__tp_gather_tokens(ctx, T, l->in, x, full));
-      xin = full;
-    }
-    if (!l->gather) return dtl__tp_proj_apply(ctx, &l->proj, T, xin, l->in, y, l->proj.rows);
+    if (!l->gather) return dtl__tp_proj_apply(ctx, &l->proj, true, T, xin, l->in, y, l->proj.rows);
     void *mid;
     DTL_TRY(dtl__tp_scratch(ctx, DTL__TP_WS_MID, (size_t)(T * l->proj.rows) * e, &mid));
-    DTL_TRY(dtl__tp_proj_apply(ctx, &l->proj, T, xin, l->in, mid, l->proj.rows));
+    DTL_TRY(dtl__tp_proj_apply(ctx, &l->proj, true, T, xin, l->in, mid, l->proj.rows));
     return dtl__tp_gather_columns(ctx, T, l->out, mid, y);
   }
   void *partial;
   DTL_TRY(dtl__tp_scratch(ctx, DTL__TP_WS_PARTIAL, (size_t)(T * l->out) * e, &partial));
-  DTL_TRY(dtl__tp_proj_apply(ctx, &l->proj, T, x, l->proj.cols, partial, l->out));
-  return dtl__tp_reduce(ctx, T, l->out, l->sp, partial, l->row_bias, y);
+  DTL_TRY(dtl__tp_proj_apply(ctx, &l->proj, false, T, xin, l->proj.cols, partial, l->out));
+  return dtl__tp_reduce(ctx, T, l->out, l->sp, partial, l->proj.bias, y);
 }
 
 void dtl_tp_linear_destroy(dtl_tp_linear *l) {
   if (!l) return;
   dtl__tp_proj_fini(l->ctx, &l->proj);
-  if (l->row_bias) l->ctx->comm->ops->mem_free(l->ctx->comm, l->row_bias);
   free(l);
 }

@@ -12,7 +12,6 @@ struct dtl_tp_mlp {
   bool sp;
   int64_t hidden, ffn, f_local;
   dtl__tp_proj gate_up, down;
-  void *down_bias; /* [hidden], added after the reduction */
 };
 
 static dtl_placement dtl__tp_mlp_p(const dtl_tp_mlp *m) { return m->sp ? dtl_shard(0) : dtl_replicate(); }
@@ -48,11 +47,8 @@ dtl_status dtl_tp_mlp_create(dtl_tp_context *ctx, const dtl_tp_mlp_params *p, dt
   dtl_status st;
   DTL_TRY_GOTO(dtl__tp_proj_init(ctx, fn, &m->gate_up, p->gate_up, p->hidden, rows, gated ? 2 : 1, 0, p->hidden,
                                  p->gate_up_bias), st, fail);
-  DTL_TRY_GOTO(dtl__tp_proj_init(ctx, fn, &m->down, p->down, p->ffn, &all, 1, f.offset, f.count, NULL), st, fail);
-  if (p->down_bias) {
-    DTL_TRY_GOTO(ctx->comm->ops->mem_alloc(ctx->comm, (size_t)p->hidden * ctx->elem, &m->down_bias), st, fail);
-    DTL_TRY_GOTO(ctx->comm->ops->mem_copy(ctx->comm, m->down_bias, p->down_bias, (size_t)p->hidden * ctx->elem), st, fail);
-  }
+  DTL_TRY_GOTO(dtl__tp_proj_init(ctx, fn, &m->down, p->down, p->ffn, &all, 1, f.offset, f.count, p->down_bias), st,
+               fail);
   *out = m;
   return DTL_OK;
 fail:
@@ -86,32 +82,23 @@ dtl_status dtl_tp_mlp_forward(dtl_tp_mlp *m, const dtl_layout *x_layout, const v
   DTL_CHECK_ARG(m != NULL, fn, "block=NULL");
   dtl_tp_context *ctx = m->ctx;
   int64_t T;
-  DTL_TRY(dtl__tp_check_layout(ctx, fn, "x_layout", x_layout, m->hidden, dtl__tp_mlp_p(m), &T));
-  size_t local = dtl_layout_local_count(x_layout);
-  DTL_CHECK_ARG(x != NULL || local == 0, fn, "x=NULL");
-  DTL_CHECK_ARG(y != NULL || local == 0, fn, "y=NULL");
+  const void *xin;
+  DTL_TRY(dtl__tp_input(ctx, fn, x_layout, m->hidden, dtl__tp_mlp_p(m), x, &T, &xin));
+  DTL_CHECK_ARG(y != NULL || dtl_layout_local_count(x_layout) == 0, fn, "y=NULL");
   size_t e = ctx->elem;
-  const void *xin = x;
-  if (m->sp) {
-    void *full;
-    DTL_TRY(dtl__tp_scratch(ctx, DTL__TP_WS_INPUT, (size_t)(T * m->hidden) * e, &full));
-    DTL_TRY(dtl__tp_gather_tokens(ctx, T, m->hidden, x, full));
-    xin = full;
-  }
   int64_t width = m->gate_up.rows;
   void *h, *partial;
   DTL_TRY(dtl__tp_scratch(ctx, DTL__TP_WS_MID, (size_t)(T * width) * e, &h));
   DTL_TRY(dtl__tp_scratch(ctx, DTL__TP_WS_PARTIAL, (size_t)(T * m->hidden) * e, &partial));
-  DTL_TRY(dtl__tp_proj_apply(ctx, &m->gate_up, T, xin, m->hidden, h, width));
+  DTL_TRY(dtl__tp_proj_apply(ctx, &m->gate_up, true, T, xin, m->hidden, h, width));
   dtl__tp_activate(m->act, h, T, m->f_local, width);
-  DTL_TRY(dtl__tp_proj_apply(ctx, &m->down, T, h, width, partial, m->hidden));
-  return dtl__tp_reduce(ctx, T, m->hidden, m->sp, partial, m->down_bias, y);
+  DTL_TRY(dtl__tp_proj_apply(ctx, &m->down, false, T, h, width, partial, m->hidden));
+  return dtl__tp_reduce(ctx, T, m->hidden, m->sp, partial, m->down.bias, y);
 }
 
 void dtl_tp_mlp_destroy(dtl_tp_mlp *m) {
   if (!m) return;
   dtl__tp_proj_fini(m->ctx, &m->gate_up);
   dtl__tp_proj_fini(m->ctx, &m->down);
-  if (m->down_bias) m->ctx->comm->ops->mem_free(m->ctx->comm, m->down_bias);
   free(m);
 }

@@ -37,10 +37,25 @@ void dtl__tp_proj_fini(dtl_tp_context *ctx, dtl__tp_proj *p) {
   memset(p, 0, sizeof *p);
 }
 
-dtl_status dtl__tp_proj_apply(dtl_tp_context *ctx, const dtl__tp_proj *p, int64_t tokens, const void *x, int64_t ldx,
-                              void *y, int64_t ldy) {
+dtl_status dtl__tp_input(dtl_tp_context *ctx, const char *fn, const dtl_layout *x_layout, int64_t features,
+                         dtl_placement on_tp, const void *x, int64_t *tokens, const void **xin) {
+  int64_t T;
+  DTL_TRY(dtl__tp_check_layout(ctx, fn, "x_layout", x_layout, features, on_tp, &T));
+  DTL_CHECK_ARG(x != NULL || dtl_layout_local_count(x_layout) == 0, fn, "x=NULL");
+  *tokens = T;
+  *xin = x;
+  if (on_tp.kind != DTL_SHARD || on_tp.dim != 0) return DTL_OK; /* only S(0) (sequence parallel) gathers */
+  void *full;
+  DTL_TRY(dtl__tp_scratch(ctx, DTL__TP_WS_INPUT, (size_t)(T * features) * ctx->elem, &full));
+  DTL_TRY(dtl__tp_gather_tokens(ctx, T, features, x, full));
+  *xin = full;
+  return DTL_OK;
+}
+
+dtl_status dtl__tp_proj_apply(dtl_tp_context *ctx, const dtl__tp_proj *p, bool with_bias, int64_t tokens, const void *x,
+                              int64_t ldx, void *y, int64_t ldy) {
   float beta = 0.0f;
-  if (p->bias && p->rows > 0) {
+  if (with_bias && p->bias && p->rows > 0) {
     /* Seed every output row with the bias and let the GEMM accumulate onto it (beta = 1). */
     const float *b = p->bias;
     float *out = y;

@@ -59,7 +59,9 @@ typedef struct {
 dtl_status dtl__tp_qkv_rows(const dtl_tp_context *ctx, const char *fn, int64_t q_heads, int64_t kv_heads,
                            int64_t head_dim, dtl__tp_rows *rows);
 
-/* A local weight shard [rows, cols] with an optional bias [rows], both copied into ctx memory. */
+/* A local weight shard [rows, cols] with an optional bias [rows], both copied into ctx memory. A
+ * column-parallel projection adds its bias in the GEMM; a row-parallel one hands it to dtl__tp_reduce,
+ * which adds it once after the reduction. */
 typedef struct {
   int64_t rows, cols;
   void *w, *bias;
@@ -69,9 +71,9 @@ typedef struct {
 dtl_status dtl__tp_proj_init(dtl_tp_context *ctx, const char *fn, dtl__tp_proj *p, const void *w, int64_t in,
                              const dtl__tp_rows *ranges, int nranges, int64_t col_off, int64_t cols, const void *bias);
 void dtl__tp_proj_fini(dtl_tp_context *ctx, dtl__tp_proj *p);
-/* y[T, rows] (leading dim ldy) = x[T, cols] (leading dim ldx) * w^T + bias. */
-dtl_status dtl__tp_proj_apply(dtl_tp_context *ctx, const dtl__tp_proj *p, int64_t tokens, const void *x, int64_t ldx,
-                              void *y, int64_t ldy);
+/* y[T, rows] (leading dim ldy) = x[T, cols] (leading dim ldx) * w^T (+ bias when with_bias). */
+dtl_status dtl__tp_proj_apply(dtl_tp_context *ctx, const dtl__tp_proj *p, bool with_bias, int64_t tokens, const void *x,
+                              int64_t ldx, void *y, int64_t ldy);
 
 /* Packs the given row ranges of a row-major [*, ld] array, columns [col_off, col_off + cols), into dst. */
 dtl_status dtl__tp_pack_rows(dtl_tp_context *ctx, const void *src, int64_t src_rows, int64_t ld,
@@ -82,6 +84,11 @@ dtl_status dtl__tp_reduce(dtl_tp_context *ctx, int64_t tokens, int64_t features,
                           const void *partial, const void *bias, void *y);
 dtl_status dtl__tp_gather_columns(dtl_tp_context *ctx, int64_t tokens, int64_t features, const void *y_local, void *y);
 dtl_status dtl__tp_gather_tokens(dtl_tp_context *ctx, int64_t tokens, int64_t features, const void *x_local, void *x);
+
+/* The input of a layer: checks x_layout ([T, features] with on_tp on the TP dim) and x; with sequence
+ * parallelism (on_tp = S(0)) all-gathers the token shards into scratch. *xin gets the whole [T, features]. */
+dtl_status dtl__tp_input(dtl_tp_context *ctx, const char *fn, const dtl_layout *x_layout, int64_t features,
+                         dtl_placement on_tp, const void *x, int64_t *tokens, const void **xin);
 
 /* The layouts a layer states: [tokens, features] with on_tp on the TP dim. */
 dtl_status dtl__tp_layout(const dtl_tp_context *ctx, int64_t tokens, int64_t features, dtl_placement on_tp,

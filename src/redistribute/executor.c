@@ -29,6 +29,7 @@ typedef struct {
 /* Where each step reads, writes and keeps its temporary; scr is the scratch size in elements. */
 typedef struct {
   int in[DTL__MAX_PLAN_STEPS], out[DTL__MAX_PLAN_STEPS], tmp[DTL__MAX_PLAN_STEPS];
+  bool staged[DTL__MAX_PLAN_STEPS]; /* the step writes into its temporary, then that is copied to out */
   int final_at; /* where the data is after the last step (a final copy moves it to DST when it is not there) */
   size_t scr;
 } dtl__ex_layout;
@@ -68,7 +69,8 @@ static const char *dtl__step_name(dtl__step_kind k) {
 
 /* The plan must chain from src to dst one mesh dim at a time, each kind must match its placements, and a
  * step may only undo or make the innermost split of a tensor dim (a later mesh dim splitting the same tensor
- * dim would make the group's blocks non-boxes). Depends on placements only, so every rank agrees. */
+ * dim would make the group's blocks non-boxes). Mesh dims of size 1 are ignored: any placement there is a
+ * relabeling (the planner writes dst's). Depends on placements only, so every rank agrees. */
 static dtl_status dtl__plan_check(const char *fn, const dtl_plan *p) {
   const dtl_mesh *mesh = p->src.mesh;
   int nm = mesh->ndim;
@@ -81,17 +83,18 @@ static dtl_status dtl__plan_check(const char *fn, const dtl_plan *p) {
     if (md < 0 || md >= nm)
       return dtl__error_fn(DTL_ERR_INTERNAL, fn, "plan step %d: mesh_dim=%d (expected 0..%d)", k, md, nm - 1);
     for (int d = 0; d < nm; d++) {
-      if (!dtl__same_placement(s->before[d], cur[d]))
-        return dtl__error_fn(DTL_ERR_INTERNAL, fn, "plan step %d: its placement before on mesh dim %d is not the one the "
-                             "previous step left", k, d);
-      if (d != md && !dtl__same_placement(s->before[d], s->after[d]))
-        return dtl__error_fn(DTL_ERR_INTERNAL, fn, "plan step %d on mesh dim %d also changes mesh dim %d", k, md, d);
       for (int w = 0; w < 2; w++) {
         dtl_placement q = w ? s->after[d] : s->before[d];
         if (q.kind == DTL_SHARD && (q.dim < 0 || q.dim >= p->src.ndim))
           return dtl__error_fn(DTL_ERR_INTERNAL, fn, "plan step %d: S(%d) on mesh dim %d for a %d-d tensor", k, q.dim, d,
                                p->src.ndim);
       }
+      if (mesh->shape[d] == 1) continue;
+      if (!dtl__same_placement(s->before[d], cur[d]))
+        return dtl__error_fn(DTL_ERR_INTERNAL, fn, "plan step %d: its placement before on mesh dim %d is not the one the "
+                             "previous step left", k, d);
+      if (d != md && !dtl__same_placement(s->before[d], s->after[d]))
+        return dtl__error_fn(DTL_ERR_INTERNAL, fn, "plan step %d on mesh dim %d also changes mesh dim %d", k, md, d);
     }
     dtl_placement_kind from = s->before[md].kind, to = s->after[md].kind;
     static const dtl_placement_kind want[6][2] = {
@@ -105,7 +108,7 @@ static dtl_status dtl__plan_check(const char *fn, const dtl_plan *p) {
       const dtl_placement *pl = w ? s->after : s->before;
       if (pl[md].kind != DTL_SHARD) continue;
       for (int d = md + 1; d < nm; d++)
-        if (pl[d].kind == DTL_SHARD && pl[d].dim == pl[md].dim)
+        if (pl[d].kind == DTL_SHARD && pl[d].dim == pl[md].dim && mesh->shape[d] > 1)
           return dtl__error_fn(DTL_ERR_UNSUPPORTED, fn, "plan step %d (%s on mesh dim %d) changes a split of tensor dim %d "
                                "that mesh dim %d splits further; only the innermost split of a tensor dim can change",
                                k, dtl__step_name(s->kind), md, pl[md].dim, d);
@@ -113,7 +116,7 @@ static dtl_status dtl__plan_check(const char *fn, const dtl_plan *p) {
     cur = s->after;
   }
   for (int d = 0; d < nm; d++)
-    if (!dtl__same_placement(cur[d], p->dst.placements[d]))
+    if (mesh->shape[d] > 1 && !dtl__same_placement(cur[d], p->dst.placements[d]))
       return dtl__error_fn(DTL_ERR_INTERNAL, fn, "plan ends on mesh dim %d with a placement other than the target's", d);
   return DTL_OK;
 }
@@ -170,9 +173,9 @@ static void dtl__analyze(const dtl_plan *p, dtl__ex_step *ex) {
   }
 }
 
-/* Elements a step copies locally beyond its collective (the tie-break between placements of equal scratch). */
-static size_t dtl__step_copies(const dtl__ex_step *e) {
-  size_t c = 0;
+/* Elements a step copies locally beyond its collective (staged: one more copy of its output). */
+static size_t dtl__step_copies(const dtl__ex_step *e, bool staged) {
+  size_t c = staged ? e->b : 0;
   if (e->op == EX_SLICE || e->op == EX_FILL) c += e->b;
   if (e->pack) c += e->a;
   if (e->unpack) c += e->b * (e->pack ? 2 : 1);
@@ -180,85 +183,108 @@ static size_t dtl__step_copies(const dtl__ex_step *e) {
 }
 
 typedef struct {
-  bool ok;
+  bool ok, staged;
   size_t scr, copies;
   signed char prev, out, tmp;
 } dtl__dp_cell;
 
-static bool dtl__dp_better(size_t scr, size_t copies, const dtl__dp_cell *c) {
-  return !c->ok || scr < c->scr || (scr == c->scr && copies < c->copies);
+/* Pass 1 ranks by (scratch, copies); pass 2 by (copies, scratch) under a scratch budget. */
+static bool dtl__dp_better(size_t scr, size_t copies, const dtl__dp_cell *c, bool copies_first) {
+  if (!c->ok) return true;
+  if (copies_first && copies != c->copies) return copies < c->copies;
+  return scr < c->scr || (scr == c->scr && copies < c->copies);
 }
 
-/* Chooses where every step reads, writes and keeps its temporary so that the scratch buffer is as small as
- * possible (then the fewest copied elements), by dynamic programming over where the data lives between steps.
- * Within DST and SCR the data region sits at offset 0 and a temporary region right after it; DST holds at
- * most dst_cap elements. A step may write its output over its own input only when the input is dead by then:
- * in-place all-reduce and fill, or any step that first moves its input into its temporary. */
-static void dtl__place(const dtl__ex_step *ex, int n, int start, size_t dst_cap, size_t dst_count, dtl__ex_layout *L) {
+/* Chooses where every step reads, writes and keeps its temporary, by dynamic programming over where the data
+ * lives between steps. Within DST and SCR the data region sits at offset 0 and a temporary region right after
+ * it; DST holds at most dst_cap elements. A step may write its output over its own input only when the input
+ * is dead by then: in-place all-reduce and fill, or any step that first moves its input into its temporary.
+ * A step without a temporary may be staged: it writes into a temporary of its output's size, which is then
+ * copied over its input; this makes a placement exist for every plan (all in SCR). budget = SIZE_MAX
+ * minimizes the scratch size, then the copies; otherwise the copies within that scratch budget. */
+static void dtl__place_pass(const dtl__ex_step *ex, int n, int start, size_t dst_cap, size_t dst_count, size_t budget,
+                            dtl__ex_layout *L) {
+  bool copies_first = budget != SIZE_MAX;
   dtl__dp_cell dp[DTL__MAX_PLAN_STEPS + 1][AT_NPLACES];
   memset(dp, 0, sizeof dp);
-  dp[0][start] = (dtl__dp_cell){true, 0, 0, AT_NONE, AT_NONE, AT_NONE};
+  dp[0][start] = (dtl__dp_cell){true, false, 0, 0, AT_NONE, AT_NONE, AT_NONE};
   for (int k = 0; k < n; k++) {
     const dtl__ex_step *e = &ex[k];
     for (int in = 0; in < AT_NPLACES; in++) {
       const dtl__dp_cell *c = &dp[k][in];
       if (!c->ok) continue;
       if (e->op == EX_NONE) {
-        if (dtl__dp_better(c->scr, c->copies, &dp[k + 1][in]))
-          dp[k + 1][in] = (dtl__dp_cell){true, c->scr, c->copies, (signed char)in, (signed char)in, AT_NONE};
+        if (dtl__dp_better(c->scr, c->copies, &dp[k + 1][in], copies_first))
+          dp[k + 1][in] = (dtl__dp_cell){true, false, c->scr, c->copies, (signed char)in, (signed char)in, AT_NONE};
         continue;
       }
-      bool over_input = e->t > 0 || e->op == EX_ALL_REDUCE || e->op == EX_FILL;
-      for (int out = AT_DST; out <= AT_SCR; out++) {
-        if (out == in && !over_input) continue;
-        for (int tmp = e->t ? AT_DST : AT_NONE; tmp <= (e->t ? AT_SCR : AT_NONE); tmp++) {
-          size_t use[AT_NPLACES] = {0};
-          for (int pl = AT_DST; pl <= AT_SCR; pl++) {
-            size_t data = 0;
-            if (in == pl) data = e->a;
-            if (out == pl && e->b > data) data = e->b;
-            use[pl] = data + (tmp == pl ? e->t : 0);
+      bool can_stage = e->t == 0 && e->op != EX_ALL_REDUCE && e->op != EX_FILL;
+      for (int staged = 0; staged <= (int)can_stage; staged++) {
+        size_t t = staged ? e->b : e->t;
+        bool over_input = t > 0 || e->op == EX_ALL_REDUCE || e->op == EX_FILL;
+        for (int out = AT_DST; out <= AT_SCR; out++) {
+          if (out == in && !over_input) continue;
+          for (int tmp = t ? AT_DST : AT_NONE; tmp <= (t ? AT_SCR : AT_NONE); tmp++) {
+            size_t use[AT_NPLACES] = {0};
+            for (int pl = AT_DST; pl <= AT_SCR; pl++) {
+              size_t data = 0;
+              if (in == pl) data = e->a;
+              if (out == pl && e->b > data) data = e->b;
+              use[pl] = data + (tmp == pl ? t : 0);
+            }
+            if (use[AT_DST] > dst_cap || use[AT_SCR] > budget) continue;
+            size_t scr = use[AT_SCR] > c->scr ? use[AT_SCR] : c->scr;
+            size_t copies = c->copies + dtl__step_copies(e, staged);
+            if (dtl__dp_better(scr, copies, &dp[k + 1][out], copies_first))
+              dp[k + 1][out] = (dtl__dp_cell){true, staged, scr, copies, (signed char)in, (signed char)out, (signed char)tmp};
           }
-          if (use[AT_DST] > dst_cap) continue;
-          size_t scr = use[AT_SCR] > c->scr ? use[AT_SCR] : c->scr, copies = c->copies + dtl__step_copies(e);
-          if (dtl__dp_better(scr, copies, &dp[k + 1][out]))
-            dp[k + 1][out] = (dtl__dp_cell){true, scr, copies, (signed char)in, (signed char)out, (signed char)tmp};
         }
       }
     }
   }
   /* The data must end in DST: from elsewhere one more copy (SRC only when every step left the data alone). */
   int best = AT_NONE;
-  size_t best_scr = 0, best_copies = 0;
+  dtl__dp_cell fin = {0};
   for (int at = 0; at < AT_NPLACES; at++) {
     const dtl__dp_cell *c = &dp[n][at];
     if (!c->ok) continue;
     size_t scr = c->scr, copies = c->copies + (at == AT_DST ? 0 : dst_count);
     if (at == AT_SCR && dst_count > scr) scr = dst_count;
-    if (best == AT_NONE || scr < best_scr || (scr == best_scr && copies < best_copies)) {
+    if (scr > budget) continue;
+    if (dtl__dp_better(scr, copies, &fin, copies_first)) {
       best = at;
-      best_scr = scr;
-      best_copies = copies;
+      fin = (dtl__dp_cell){true, false, scr, copies, AT_NONE, AT_NONE, AT_NONE};
     }
   }
   L->final_at = best;
-  L->scr = best_scr;
-  for (int k = n, at = best; k > 0; k--) {
+  L->scr = fin.scr;
+  for (int k = n, at = best; k > 0 && at != AT_NONE; k--) {
     const dtl__dp_cell *c = &dp[k][at];
     L->in[k - 1] = c->prev;
     L->out[k - 1] = c->out;
     L->tmp[k - 1] = c->tmp;
+    L->staged[k - 1] = c->staged;
     at = c->prev;
   }
 }
 
-/* Placing is always possible: writing every output to SCR and every temporary after it is valid. */
+/* The smallest scratch any placement needs, S; then, within max(S, the larger end), the placement with the
+ * fewest copied elements. The figure is therefore at most the larger of the local source and target shards
+ * whenever some placement achieves that, and otherwise the least achievable (a plan whose intermediate shard
+ * is larger than both ends must keep it somewhere). */
+static void dtl__place(const dtl__ex_step *ex, int n, int start, size_t dst_cap, size_t src_count, size_t dst_count,
+                       dtl__ex_layout *L) {
+  dtl__place_pass(ex, n, start, dst_cap, dst_count, SIZE_MAX, L);
+  size_t ends = src_count > dst_count ? src_count : dst_count;
+  dtl__place_pass(ex, n, start, dst_cap, dst_count, L->scr > ends ? L->scr : ends, L);
+}
+
 size_t dtl__executor_scratch_bytes(const struct dtl_plan *p) {
   dtl__ex_step ex[DTL__MAX_PLAN_STEPS];
   dtl__ex_layout L;
   if (p->nsteps < 0 || p->nsteps > DTL__MAX_PLAN_STEPS) return 0;
   dtl__analyze(p, ex);
-  dtl__place(ex, p->nsteps, AT_SRC, p->dst.local_count, p->dst.local_count, &L);
+  dtl__place(ex, p->nsteps, AT_SRC, p->dst.local_count, p->src.local_count, p->dst.local_count, &L);
   return L.scr * dtl_dtype_size(p->src.dtype);
 }
 
@@ -448,10 +474,12 @@ dtl_status dtl_plan_execute(const dtl_plan *p, const void *src_local, void *dst_
   DTL_CHECK_ARG(src_local != NULL || a0 == 0, fn, "src_local=NULL with %zu local elements", a0);
   DTL_CHECK_ARG(dst_local != NULL || d0 == 0, fn, "dst_local=NULL with %zu local elements", d0);
   DTL_TRY(dtl__plan_check(fn, p));
-  bool aliased = false;
-  if (src_local && dst_local && a0 && d0) {
+  /* The same pointer counts as aliased even where this rank's shards are empty, so that every rank of a
+   * caller that passes one buffer decides alike. */
+  bool aliased = src_local != NULL && src_local == dst_local;
+  if (!aliased && src_local && dst_local && a0 && d0) {
     const char *s0 = src_local, *d = dst_local;
-    if (s0 < d + d0 * es && d < s0 + a0 * es) aliased = true;
+    aliased = s0 < d + d0 * es && d < s0 + a0 * es;
   }
   if (aliased) {
     if (src_local != dst_local || dtl__plan_comm_steps(p) > 0)
@@ -463,7 +491,7 @@ dtl_status dtl_plan_execute(const dtl_plan *p, const void *src_local, void *dst_
   dtl__ex_step ex[DTL__MAX_PLAN_STEPS];
   dtl__ex_layout L;
   dtl__analyze(p, ex);
-  dtl__place(ex, p->nsteps, aliased ? AT_DST : AT_SRC, aliased ? (a0 > d0 ? a0 : d0) : d0, d0, &L);
+  dtl__place(ex, p->nsteps, aliased ? AT_DST : AT_SRC, aliased ? (a0 > d0 ? a0 : d0) : d0, a0, d0, &L);
 
   int gmax = 1;
   for (int md = 0; md < mesh->ndim; md++)
@@ -489,7 +517,12 @@ dtl_status dtl_plan_execute(const dtl_plan *p, const void *src_local, void *dst_
       if (out == tmp && e->b > data) data = e->b;
       tp = dtl__at(base[tmp], data, es);
     }
-    st = dtl__run_step(&x, k, e, base[in], base[out], tp);
+    if (L.staged[k]) {
+      st = dtl__run_step(&x, k, e, base[in], tp, NULL);
+      if (st == DTL_OK && e->b) st = mesh->dim_comm[e->m]->ops->mem_copy(mesh->dim_comm[e->m], base[out], tp, e->b * es);
+    } else {
+      st = dtl__run_step(&x, k, e, base[in], base[out], tp);
+    }
     if (st != DTL_OK) {
       st = dtl__error_prefix(st, "%s: step %d (%s on mesh dim %d)", fn, k, dtl__step_name(p->steps[k].kind),
                              p->steps[k].mesh_dim);

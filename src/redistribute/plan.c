@@ -19,7 +19,7 @@ static void dtl__say(char *b, size_t *o, const char *fmt, ...) {
   if (n > 0) *o += (size_t)n;
 }
 
-static const char *dtl__step_name(dtl__step_kind k) {
+const char *dtl__plan_step_name(dtl__step_kind k) {
   switch (k) {
     case DTL__STEP_ALL_GATHER: return "all-gather";
     case DTL__STEP_ALL_REDUCE: return "all-reduce";
@@ -97,7 +97,7 @@ static size_t dtl__explain_render(const dtl_plan *p, char *b) {
     dtl__bytes_text(st->recv_bytes, rcv, sizeof rcv);
     dtl__time_text(st->cost_s, est, sizeof est);
     dtl__say(b, &o, "step %-2d mesh dim %d  %-15s %-11s %-17s send %-10s  recv %-10s  est %s\n", k + 1, m,
-             dtl__step_name(st->kind), tr, dims, snd, rcv, est);
+             dtl__plan_step_name(st->kind), tr, dims, snd, rcv, est);
   }
   if (p->nsteps == 0) dtl__say(b, &o, "(no steps: every rank already holds its target shard)\n");
   int nc = dtl_plan_num_collectives(p);

@@ -42,6 +42,10 @@ struct dtl_plan {
   size_t scratch_bytes;
 };
 
+/* "all-gather", "all-reduce", "reduce-scatter", "all-to-all", "local slice", "local partial" (plan.c): the
+ * names explain prints, for every message that names a step. */
+const char *dtl__plan_step_name(dtl__step_kind k);
+
 /* Implemented by the executor, called by the planner as the last step of dtl_plan_create: the temporary
  * bytes one execution of p will allocate on this rank (at most the larger of its local source and target
  * shards). */

@@ -70,7 +70,27 @@ typedef struct {
   bool has_p[DTL_MAX_MESH_DIMS];
   dtl_reduce_op op[DTL_MAX_MESH_DIMS];
   dtl_placement of[DTL_MAX_MESH_DIMS][DTL_MAX_TENSOR_DIMS + 2]; /* the placement of each code */
+  bool used[DTL_MAX_TENSOR_DIMS]; /* sharded by the source or the target */
 } dtl__space;
+
+/* Tensor dims that neither end shards and that have the same size are interchangeable: a route through
+ * one is a route through the other at the same price. So a mesh dim may start sharding such a dim only
+ * if it is the lowest of its kind that no other mesh dim shards at the moment (joining a dim another mesh
+ * dim already splits stays open). Any route can be relabeled into this form, by giving each period of
+ * use the lowest free label when it starts, without changing its price or its length; the search then
+ * skips the mirror images. */
+static bool dtl__held_by_other(const dtl__space *s, const dtl_placement *pl, int m, int k) {
+  for (int o = 0; o < s->M; o++)
+    if (o != m && pl[o].kind == DTL_SHARD && pl[o].dim == k) return true;
+  return false;
+}
+
+static bool dtl__first_free_of_kind(const dtl__space *s, const dtl_placement *pl, int m, int k) {
+  if (s->used[k] || dtl__held_by_other(s, pl, m, k)) return true;
+  for (int k2 = 0; k2 < k; k2++)
+    if (!s->used[k2] && s->geom->shape[k2] == s->geom->shape[k] && !dtl__held_by_other(s, pl, m, k2)) return false;
+  return true;
+}
 
 static int dtl__code(const dtl__space *s, dtl_placement p) {
   return p.kind == DTL_REPLICATE ? 0 : p.kind == DTL_SHARD ? 1 + p.dim : s->K - 1;
@@ -200,6 +220,7 @@ static dtl_status dtl__search(const char *fn, const dtl__space *s, int from, int
       for (int code = 0; code < s->K; code++) {
         if (code == cur || (code == s->K - 1 && !s->has_p[m])) continue;
         dtl_placement q = dtl__placement_of(s, m, code);
+        if (q.kind == DTL_SHARD && !dtl__first_free_of_kind(s, pl, m, q.dim)) continue;
         dtl__step_kind kind;
         if (!dtl__step_legal(s->geom->mesh, pl, m, q, &kind)) continue;
         memcpy(nx, pl, sizeof nx);
@@ -326,6 +347,8 @@ static dtl_status dtl__plan_create(const char *fn, const dtl_layout *src, const 
     s.of[m][0] = dtl_replicate();
     for (int d = 0; d < s.nd; d++) s.of[m][1 + d] = dtl_shard(d);
     s.of[m][s.K - 1] = dtl_partial(s.op[m]);
+    if (mesh->shape[m] > 1 && a.kind == DTL_SHARD) s.used[a.dim] = true;
+    if (mesh->shape[m] > 1 && b.kind == DTL_SHARD) s.used[b.dim] = true;
   }
   int path[DTL__MAX_PLAN_STEPS + 1], len = 0;
   DTL_TRY(dtl__search(fn, &s, dtl__encode(&s, src->placements), dtl__encode(&s, dst->placements), path, &len));

@@ -7,7 +7,7 @@
 #include "test_planner_common.h"
 
 typedef struct {
-  long pairs, unsupported, steps, collectives, visited;
+  long pairs, unsupported, steps, collectives, visited, detours;
 } tp_tally;
 
 static dtl_cost_model tp_models[4];
@@ -61,6 +61,17 @@ static void tp_check_pair(const dtl_layout *src, const dtl_layout *dst, const dt
   assert_int_equal(p->nsteps, len);
   assert_true(fabs(dtl_plan_cost(p) - (double)planned * 1e-12) <= 1e-15 + 1e-12 * (double)planned * 1e-12);
   t->steps += p->nsteps;
+  for (int k = 0; k < p->nsteps; k++) /* plans that shard a tensor dim neither end shards */
+    if (p->steps[k].after[p->steps[k].mesh_dim].kind == DTL_SHARD) {
+      bool ends = false;
+      for (int md = 0; md < src->mesh->ndim; md++)
+        ends |= (src->placements[md].kind == DTL_SHARD && src->placements[md].dim == p->steps[k].after[p->steps[k].mesh_dim].dim) ||
+                (dst->placements[md].kind == DTL_SHARD && dst->placements[md].dim == p->steps[k].after[p->steps[k].mesh_dim].dim);
+      if (!ends) {
+        t->detours++;
+        break;
+      }
+    }
   t->collectives += dtl_plan_num_collectives(p);
   dtl_plan_destroy(p);
 }
@@ -150,6 +161,37 @@ static void nested_sharding_examples_cost_what_exhaustive_search_finds(void **st
   assert_int_equal(t.unsupported, 0);
 }
 
+/* 4-D tensors whose dims 1 and 2 (and in one shape 3) have equal sizes while source and target shard only
+ * dims 0 and 1: routes may detour through the unused dims, which the planner treats as interchangeable
+ * (it tries only the lowest free one of each size); the exhaustive search tries them all. */
+static void detours_through_unused_dims_cost_what_exhaustive_search_finds(void **state) {
+  const dtl_placement ends[] = {dtl_replicate(), dtl_shard(0), dtl_shard(1), dtl_partial(DTL_SUM)};
+  const dtl_placement alpha[] = {dtl_replicate(), dtl_shard(0), dtl_shard(1), dtl_shard(2), dtl_shard(3), dtl_partial(DTL_SUM)};
+  const int64_t shapes[][4] = {{6, 4, 4, 4}, {5, 3, 3, 2}, {8, 8, 8, 8}};
+  tp_tally t = {0};
+  for (int mesh_ndim = 2; mesh_ndim <= 3; mesh_ndim++) {
+    dtl_mesh *m = tp_mesh(mesh_ndim, (int[]){2, 2, 2}, NULL);
+    int n = mesh_ndim == 2 ? 16 : 64, stride = mesh_ndim == 2 ? 1 : 19;
+    for (int s = 0; s < 3; s++) {
+      dtl_layout *ls[64];
+      for (int i = 0; i < n; i++) {
+        dtl_placement pl[3];
+        for (int md = mesh_ndim - 1, r = i; md >= 0; md--, r /= 4) pl[md] = ends[r % 4];
+        assert_int_equal(dtl_layout_create(m, DTL_FLOAT32, 4, shapes[s], pl, &ls[i]), DTL_OK);
+      }
+      for (int mi = 0; mi < 4; mi += 2)
+        for (int k = s; k < n * n; k += stride)
+          tp_check_pair(ls[k / n], ls[k % n], &tp_models[mi], tp_model_names[mi], alpha, 6, 2 * mesh_ndim + 2, &t);
+      for (int i = 0; i < n; i++) dtl_layout_destroy(ls[i]);
+    }
+    dtl_mesh_destroy(m);
+  }
+  print_message("unused interchangeable dims: %ld pairs, %ld refused, %ld planned (%ld through an unused dim): %ld steps, "
+                "%ld collectives; %ld prefixes\n",
+                t.pairs, t.unsupported, t.pairs - t.unsupported, t.detours, t.steps, t.collectives, t.visited);
+  assert_true(t.detours > 0);
+}
+
 /* Mixed Partial ops: every pair over {R, S0, P(sum), P(max), P(prod), P(avg)} on 2x2 and 2x3. The search
  * may use any op on any mesh dim; pending ops that do not commute must be reduced innermost first. */
 static void mixed_partial_ops_cost_what_exhaustive_search_finds(void **state) {
@@ -177,6 +219,7 @@ int main(void) {
       cmocka_unit_test(every_pair_on_4x2_costs_what_exhaustive_search_finds),
       cmocka_unit_test(sampled_pairs_on_2x2x2_cost_what_exhaustive_search_finds),
       cmocka_unit_test(nested_sharding_examples_cost_what_exhaustive_search_finds),
+      cmocka_unit_test(detours_through_unused_dims_cost_what_exhaustive_search_finds),
       cmocka_unit_test(mixed_partial_ops_cost_what_exhaustive_search_finds),
   };
   return cmocka_run_group_tests(tests, setup_models, NULL);

@@ -66,18 +66,6 @@ static bool dtl__same_placement(dtl_placement p, dtl_placement q) {
   return true;
 }
 
-static const char *dtl__step_name(dtl__step_kind k) {
-  switch (k) {
-    case DTL__STEP_ALL_GATHER: return "all-gather";
-    case DTL__STEP_ALL_REDUCE: return "all-reduce";
-    case DTL__STEP_REDUCE_SCATTER: return "reduce-scatter";
-    case DTL__STEP_ALL_TO_ALL: return "all-to-all";
-    case DTL__STEP_LOCAL_SLICE: return "local slice";
-    case DTL__STEP_LOCAL_PARTIAL: return "local partial";
-  }
-  return "?";
-}
-
 /* The plan must chain from src to dst one mesh dim at a time, each kind must match its placements, and a
  * step may only undo or make the innermost split of a tensor dim (a later mesh dim splitting the same tensor
  * dim would make the group's blocks non-boxes). Mesh dims of size 1 are ignored: any placement there is a
@@ -122,7 +110,7 @@ static dtl_status dtl__plan_check(const char *fn, const dtl_plan *p) {
         if (pl[d].kind == DTL_SHARD && pl[d].dim == pl[md].dim && mesh->shape[d] > 1)
           return dtl__error_fn(DTL_ERR_UNSUPPORTED, fn, "plan step %d (%s on mesh dim %d) changes a split of tensor dim %d "
                                "that mesh dim %d splits further; only the innermost split of a tensor dim can change",
-                               k, dtl__step_name(s->kind), md, pl[md].dim, d);
+                               k, dtl__plan_step_name(s->kind), md, pl[md].dim, d);
     }
     cur = s->after;
   }
@@ -736,7 +724,7 @@ dtl_status dtl_plan_execute(const dtl_plan *p, const void *src_local, void *dst_
       st = dtl__run_step(&x, k, e, base[in], base[out], tp);
     }
     if (st != DTL_OK) {
-      st = dtl__error_prefix(st, "%s: step %d (%s on mesh dim %d)", fn, k, dtl__step_name(p->steps[k].kind),
+      st = dtl__error_prefix(st, "%s: step %d (%s on mesh dim %d)", fn, k, dtl__plan_step_name(p->steps[k].kind),
                              p->steps[k].mesh_dim);
       goto done;
     }

@@ -3,7 +3,9 @@
  * ranks (run with mpirun -n 2 and -n 4): S0->R and S1->R (MPI_Allgather), P->R (MPI_Allreduce), P->S0
  * (MPI_Reduce_scatter_block), S0->S1 (MPI_Alltoall), on the mesh dim's own MPI communicator. The tensor is a
  * square f32 matrix whose side is a multiple of p; size is its global bytes. dtl and raw rounds interleave;
- * each time is the slowest rank's, and the median over -n rounds is reported. #wrong checks dtl's result.
+ * each time is the slowest rank's; times are medians over -n rounds, and the ratio is the median of the
+ * per-round ratios dtl/raw (robust to load that comes and goes on a shared machine). #wrong checks dtl's
+ * result.
  * Then the cached-plan overhead: dtl_redistribute minus dtl_plan_execute of the same prebuilt plan (a
  * one-element R->R plan, so no communication hides it).
  * Options (nccl-tests style): -b min bytes, -e max bytes, -f factor (K/M/G suffixes), -n rounds, -w warmup;
@@ -179,6 +181,7 @@ int main(int argc, char **argv) {
   }
   MPI_Comm mc = dtl_comm_mpi_handle(dtl_mesh_dim_comm(mesh, 0));
   double *td = malloc(sizeof(double) * (size_t)iters), *tr = malloc(sizeof(double) * (size_t)iters);
+  double *tq = malloc(sizeof(double) * (size_t)iters);
   if (rank == 0)
     printf("# dtl_redistribute vs the raw MPI collective on a 1-D mesh of %d ranks: square f32 tensor, size = global "
            "bytes;\n# median of %d interleaved rounds after %d warmup, slowest rank per round; ratio = dtl/raw\n"
@@ -215,15 +218,16 @@ int main(int argc, char **argv) {
       for (int i = 0; i < iters; i++) {
         td[i] = timed(1, (bench_case)c, &b, mc, &failed);
         tr[i] = timed(0, (bench_case)c, &b, mc, &failed);
+        tq[i] = td[i] / tr[i];
       }
       long wrong = count_wrong(b.dst, b.out, n), total_wrong = 0;
       MPI_Allreduce(&wrong, &total_wrong, 1, MPI_LONG, MPI_SUM, mc);
-      double md = median(td, iters), mr = median(tr, iters);
+      double md = median(td, iters), mr = median(tr, iters), ratio = median(tq, iters);
       double busf = c == C_P_R ? 2.0 * (nranks - 1) / nranks : (double)(nranks - 1) / nranks;
       double algbw = (double)real / md / 1e9;
       if (rank == 0)
         printf("  %-7s %10zu %10zu %5s %12.1f %9.3f %9.3f %12.1f %7.3f %7ld  %s\n", case_name[c], real, count, "f32",
-               md * 1e6, algbw, algbw * busf, mr * 1e6, md / mr, total_wrong, raw_name[c]);
+               md * 1e6, algbw, algbw * busf, mr * 1e6, ratio, total_wrong, raw_name[c]);
       free(b.in);
       free(b.out);
       free(b.raw_in);
@@ -235,6 +239,7 @@ int main(int argc, char **argv) {
   overhead(mesh);
   free(td);
   free(tr);
+  free(tq);
   dtl_mesh_destroy(mesh);
   dtl_comm_destroy(comm);
   MPI_Finalize();

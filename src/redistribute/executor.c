@@ -343,6 +343,16 @@ static void dtl__place(const dtl__ex_step *ex, int n, int start, size_t dst_cap,
   dtl__place_pass(ex, n, start, dst_cap, dst_count, L->scr > ends ? L->scr : ends, L);
 }
 
+/* The figure is exact: an execution with distinct source and destination buffers allocates exactly this many
+ * bytes of transport memory, in one buffer (none for 0). It is the least that any placement above needs, and
+ * for a plan of one step at most the larger of the local source and target shards (the step's temporary is
+ * a pack or receive buffer of one of them, or a cache-sized chunk). For several steps it exceeds that only
+ * when (a) an intermediate shard is larger than both ends: it must live somewhere, e.g. [S0,S1] -> [S1,S0]
+ * on 2x2 goes through [S0,R], whose gather needs its received blocks and the unpacked [S0,R] shard at once,
+ * twice that intermediate; or (b) a step must keep a packed send or receive buffer beside an intermediate
+ * that does not fit the destination buffer, e.g. [S0,P] -> [S1,S0] on 2x2, whose all-to-all packs the source
+ * and receives the [S1,P] shard, which is larger than the destination shard. It stays below three times the
+ * largest shard on the route. With src_local == dst_local (purely local plans) the figure may differ. */
 size_t dtl__executor_scratch_bytes(const struct dtl_plan *p) {
   dtl__ex_step ex[DTL__MAX_PLAN_STEPS];
   dtl__ex_layout L;

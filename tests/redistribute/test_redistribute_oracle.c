@@ -145,7 +145,37 @@ static void distribute_and_full_tensor_round_trip(const tu_mesh *m, const dtl_la
   free(copy);
 }
 
+/* distribute_partial_puts_the_value_on_coordinate_0_and_the_identity_elsewhere: on the first mesh dim,
+ * Partial(sum) and (prod) hold the value on coordinate 0 and 0 or 1 elsewhere; max, min and avg hold the value
+ * everywhere. */
+static void distribute_partial_puts_the_value_on_coordinate_0_and_the_identity_elsewhere(const tu_mesh *m) {
+  static const dtl_reduce_op ops[] = {DTL_SUM, DTL_PROD, DTL_MAX, DTL_MIN, DTL_AVG};
+  int64_t shape[2] = {5, 3};
+  float dense[15], local[15];
+  for (int i = 0; i < 15; i++) dense[i] = (float)(i * 3 - 20);
+  int coord[DTL_MAX_MESH_DIMS];
+  dtl_mesh_coord(m->mesh, coord);
+  for (int o = 0; o < 5; o++) {
+    dtl_placement pl[DTL_MAX_MESH_DIMS];
+    for (int md = 0; md < m->ndim; md++) pl[md] = md == 0 ? dtl_partial(ops[o]) : dtl_replicate();
+    dtl_layout *l;
+    if (dtl_layout_create(m->mesh, DTL_FLOAT32, 2, shape, pl, &l) != DTL_OK) {
+      TU_EXPECT(0, "%s", dtl_last_error());
+      continue;
+    }
+    memset(local, 0x5a, sizeof local);
+    TU_EXPECT(dtl_distribute(l, dense, dtl_mesh_size(m->mesh) - 1, local) == DTL_OK, "%s", dtl_last_error());
+    bool identity = coord[0] != 0 && (ops[o] == DTL_SUM || ops[o] == DTL_PROD);
+    long wrong = 0;
+    for (int i = 0; i < 15; i++) wrong += local[i] != (identity ? (ops[o] == DTL_SUM ? 0.0f : 1.0f) : dense[i]);
+    TU_EXPECT(wrong == 0, "P(%s) at coordinate %d: %ld elements are not the %s", dtl_reduce_op_name(ops[o]), coord[0],
+              wrong, identity ? "identity" : "value");
+    dtl_layout_destroy(l);
+  }
+}
+
 static void run_mesh(const tu_mesh *m, int mi, int trials, int nlayouts) {
+  distribute_partial_puts_the_value_on_coordinate_0_and_the_identity_elsewhere(m);
   pair_stats ps = {0};
   for (int t = 0; t < trials; t++) {
     tu_rng r = {tu_hash(1000u + (uint64_t)mi, (uint64_t)t)};

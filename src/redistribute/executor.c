@@ -528,50 +528,57 @@ static bool dtl__clip(int64_t *s, int64_t *o, int d, int64_t lo, int64_t n) {
   return s[d] > 0;
 }
 
-/* The chunked all-to-all: chunk r takes, from every sender-receiver pair, the rows of the chunk dim that
- * e->cmode assigns to it, packs them, exchanges them and places them. */
-static dtl_status dtl__run_all_to_all_chunked(const dtl__ex_ctx *x, const dtl__plan_step *s, const dtl__ex_step *e,
-                                              dtl_comm *c, bool even, int64_t rows, const void *in, void *out,
-                                              void *tmp) {
-  int g = c->size, nd = x->nd, cd = e->cdim;
-  void *tsend = tmp, *trecv = dtl__at(tmp, e->tsend, x->es);
-  int64_t ps[DTL_MAX_TENSOR_DIMS], po[DTL_MAX_TENSOR_DIMS], is[DTL_MAX_TENSOR_DIMS], io[DTL_MAX_TENSOR_DIMS];
-  for (int64_t r0 = 0; r0 < rows; r0 += e->crows) {
-    size_t off = 0;
-    for (int k = 0; k < g; k++) {
-      dtl__peer_box(x, s, 1, k, ps, po);
-      int64_t lo = e->cmode == 1 ? e->in_off[cd] : e->cmode == 2 ? po[cd] : e->cbase;
-      x->cnt_a[k] = dtl__intersect(nd, e->in_shape, e->in_off, ps, po, is, io) && dtl__clip(is, io, cd, lo + r0, e->crows)
-                        ? dtl__box_count(nd, is) : 0;
-      if (x->cnt_a[k]) {
-        int64_t rel[DTL_MAX_TENSOR_DIMS];
-        for (int d = 0; d < nd; d++) rel[d] = io[d] - e->in_off[d];
-        dtl__box_copy b = dtl__box(nd, x->es, is, e->in_shape, rel, is, NULL);
-        DTL_TRY(c->ops->copy_box(c, in, dtl__at(tsend, off, x->es), &b));
-      }
-      off += x->cnt_a[k];
+/* The piece of an all-to-all between this rank and peer k: what it sends to k (my input box within k's output
+ * box) or receives from k (k's input box within mine), cut to the rows of chunk r0 when the step is chunked
+ * (e->cmode says whose rows). Returns its element count (0: empty). */
+static size_t dtl__a2a_piece(const dtl__ex_ctx *x, const dtl__plan_step *s, const dtl__ex_step *e, int k, bool recv,
+                             int64_t r0, int64_t *is, int64_t *io) {
+  int nd = x->nd, cd = e->cdim;
+  int64_t ps[DTL_MAX_TENSOR_DIMS], po[DTL_MAX_TENSOR_DIMS];
+  dtl__peer_box(x, s, recv ? 0 : 1, k, ps, po);
+  bool ok = recv ? dtl__intersect(nd, ps, po, e->out_shape, e->out_off, is, io)
+                 : dtl__intersect(nd, e->in_shape, e->in_off, ps, po, is, io);
+  if (ok && e->crows) {
+    /* Sender-local rows (mode 1) start at the sender's first input row, receiver-local (2) at the receiver's
+     * first output row, absolute (0) at the group's first row. */
+    int64_t lo = e->cmode == 1 ? (recv ? po[cd] : e->in_off[cd]) : e->cmode == 2 ? (recv ? e->out_off[cd] : po[cd]) : e->cbase;
+    ok = dtl__clip(is, io, cd, lo + r0, e->crows);
+  }
+  return ok ? dtl__box_count(nd, is) : 0;
+}
+
+/* Sets the send counts of chunk r0 and, when packing, packs the pieces into send in peer order. */
+static dtl_status dtl__a2a_pack(const dtl__ex_ctx *x, const dtl__plan_step *s, const dtl__ex_step *e, dtl_comm *c,
+                                int64_t r0, const void *in, void *send) {
+  int64_t is[DTL_MAX_TENSOR_DIMS], io[DTL_MAX_TENSOR_DIMS];
+  size_t off = 0;
+  for (int k = 0; k < c->size; k++) {
+    x->cnt_a[k] = dtl__a2a_piece(x, s, e, k, false, r0, is, io);
+    if (e->pack && x->cnt_a[k]) {
+      int64_t rel[DTL_MAX_TENSOR_DIMS];
+      for (int d = 0; d < x->nd; d++) rel[d] = io[d] - e->in_off[d];
+      dtl__box_copy b = dtl__box(x->nd, x->es, is, e->in_shape, rel, is, NULL);
+      DTL_TRY(c->ops->copy_box(c, in, dtl__at(send, off, x->es), &b));
     }
-    for (int k = 0; k < g; k++) {
-      dtl__peer_box(x, s, 0, k, ps, po);
-      int64_t lo = e->cmode == 1 ? po[cd] : e->cmode == 2 ? e->out_off[cd] : e->cbase;
-      x->cnt_b[k] = dtl__intersect(nd, ps, po, e->out_shape, e->out_off, is, io) && dtl__clip(is, io, cd, lo + r0, e->crows)
-                        ? dtl__box_count(nd, is) : 0;
+    off += x->cnt_a[k];
+  }
+  return DTL_OK;
+}
+
+/* Places the pieces of chunk r0 received in peer order (counts in cnt_b) into the output box. */
+static dtl_status dtl__a2a_unpack(const dtl__ex_ctx *x, const dtl__plan_step *s, const dtl__ex_step *e, dtl_comm *c,
+                                  int64_t r0, const void *recv, void *out) {
+  int64_t is[DTL_MAX_TENSOR_DIMS], io[DTL_MAX_TENSOR_DIMS];
+  size_t off = 0;
+  for (int k = 0; k < c->size; k++) {
+    if (x->cnt_b[k]) {
+      dtl__a2a_piece(x, s, e, k, true, r0, is, io);
+      int64_t rel[DTL_MAX_TENSOR_DIMS];
+      for (int d = 0; d < x->nd; d++) rel[d] = io[d] - e->out_off[d];
+      dtl__box_copy b = dtl__box(x->nd, x->es, is, is, NULL, e->out_shape, rel);
+      DTL_TRY(c->ops->copy_box(c, dtl__at((void *)(uintptr_t)recv, off, x->es), out, &b));
     }
-    DTL_TRY(dtl__exchange(c, even, tsend, x->cnt_a, trecv, x->cnt_b, x->t));
-    off = 0;
-    for (int k = 0; k < g; k++) {
-      if (x->cnt_b[k]) {
-        dtl__peer_box(x, s, 0, k, ps, po);
-        int64_t lo = e->cmode == 1 ? po[cd] : e->cmode == 2 ? e->out_off[cd] : e->cbase;
-        dtl__intersect(nd, ps, po, e->out_shape, e->out_off, is, io);
-        dtl__clip(is, io, cd, lo + r0, e->crows);
-        int64_t rel[DTL_MAX_TENSOR_DIMS];
-        for (int d = 0; d < nd; d++) rel[d] = io[d] - e->out_off[d];
-        dtl__box_copy b = dtl__box(nd, x->es, is, is, NULL, e->out_shape, rel);
-        DTL_TRY(c->ops->copy_box(c, dtl__at(trecv, off, x->es), out, &b));
-      }
-      off += x->cnt_b[k];
-    }
+    off += x->cnt_b[k];
   }
   return DTL_OK;
 }
@@ -581,7 +588,7 @@ static dtl_status dtl__run_all_to_all(const dtl__ex_ctx *x, const dtl__plan_step
   int g = c->size, nd = x->nd;
   int64_t ps[DTL_MAX_TENSOR_DIMS], po[DTL_MAX_TENSOR_DIMS], is[DTL_MAX_TENSOR_DIMS], io[DTL_MAX_TENSOR_DIMS];
   size_t total = 0, in0 = 0, out0 = 0;
-  int64_t rows = 0; /* chunked: the most rows of the chunk dim any peer's chunk domain has */
+  int64_t rows = 1; /* chunked: the most rows of the chunk dim that any peer's chunk domain has */
   bool even = s->before[s->mesh_dim].dim != s->after[s->mesh_dim].dim;
   for (int k = 0; k < g; k++) {
     dtl__peer_box(x, s, 1, k, ps, po);
@@ -597,45 +604,29 @@ static dtl_status dtl__run_all_to_all(const dtl__ex_ctx *x, const dtl__plan_step
     if (e->crows && e->cmode == 1 && ps[e->cdim] > rows) rows = ps[e->cdim];
   }
   if (total == 0) return DTL_OK; /* the group's box is empty on every member alike */
-  if (e->crows) return dtl__run_all_to_all_chunked(x, s, e, c, even, rows, in, out, tmp);
-  size_t off = 0;
-  for (int k = 0; k < g; k++) {
-    /* To peer k: my input box within k's output box; from peer k: k's input box within my output box. */
-    dtl__peer_box(x, s, 1, k, ps, po);
-    x->cnt_a[k] = dtl__intersect(nd, e->in_shape, e->in_off, ps, po, is, io) ? dtl__box_count(nd, is) : 0;
-    if (e->pack && x->cnt_a[k]) {
-      int64_t rel[DTL_MAX_TENSOR_DIMS];
-      for (int d = 0; d < nd; d++) rel[d] = io[d] - e->in_off[d];
-      dtl__box_copy b = dtl__box(nd, x->es, is, e->in_shape, rel, is, NULL);
-      DTL_TRY(c->ops->copy_box(c, in, dtl__at(tmp, off, x->es), &b));
+  if (e->crows) {
+    /* Chunk by chunk through two chunk regions; equal blocks stay equal in every chunk (same clipping). */
+    void *tsend = tmp, *trecv = dtl__at(tmp, e->tsend, x->es);
+    for (int64_t r0 = 0; r0 < rows; r0 += e->crows) {
+      DTL_TRY(dtl__a2a_pack(x, s, e, c, r0, in, tsend));
+      for (int k = 0; k < g; k++) x->cnt_b[k] = dtl__a2a_piece(x, s, e, k, true, r0, is, io);
+      DTL_TRY(dtl__exchange(c, even, tsend, x->cnt_a, trecv, x->cnt_b, x->t));
+      DTL_TRY(dtl__a2a_unpack(x, s, e, c, r0, trecv, out));
     }
-    off += x->cnt_a[k];
-    dtl__peer_box(x, s, 0, k, ps, po);
-    x->cnt_b[k] = dtl__intersect(nd, ps, po, e->out_shape, e->out_off, is, io) ? dtl__box_count(nd, is) : 0;
+    return DTL_OK;
   }
+  DTL_TRY(dtl__a2a_pack(x, s, e, c, 0, in, tmp));
+  for (int k = 0; k < g; k++) x->cnt_b[k] = dtl__a2a_piece(x, s, e, k, true, 0, is, io);
   const void *send = e->pack ? tmp : in;
   if (!e->unpack) return dtl__exchange(c, even, send, x->cnt_a, out, x->cnt_b, x->t);
-  void *recv = tmp;
   if (e->pack) {
     /* tmp still holds what is being sent: receive into the output, then move it to tmp to place it. */
     DTL_TRY(dtl__exchange(c, even, send, x->cnt_a, out, x->cnt_b, x->t));
     DTL_TRY(c->ops->mem_copy(c, tmp, out, e->b * x->es));
   } else {
-    DTL_TRY(dtl__exchange(c, even, send, x->cnt_a, recv, x->cnt_b, x->t));
+    DTL_TRY(dtl__exchange(c, even, send, x->cnt_a, tmp, x->cnt_b, x->t));
   }
-  off = 0;
-  for (int k = 0; k < g; k++) {
-    if (x->cnt_b[k]) {
-      dtl__peer_box(x, s, 0, k, ps, po);
-      dtl__intersect(nd, ps, po, e->out_shape, e->out_off, is, io);
-      int64_t rel[DTL_MAX_TENSOR_DIMS];
-      for (int d = 0; d < nd; d++) rel[d] = io[d] - e->out_off[d];
-      dtl__box_copy b = dtl__box(nd, x->es, is, is, NULL, e->out_shape, rel);
-      DTL_TRY(c->ops->copy_box(c, dtl__at(tmp, off, x->es), out, &b));
-    }
-    off += x->cnt_b[k];
-  }
-  return DTL_OK;
+  return dtl__a2a_unpack(x, s, e, c, 0, tmp, out);
 }
 
 static dtl_status dtl__run_step(const dtl__ex_ctx *x, int k, const dtl__ex_step *e, const void *in, void *out, void *tmp) {

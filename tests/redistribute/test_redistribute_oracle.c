@@ -8,14 +8,6 @@
 #include "redistribute/redistribute_internal.h"
 #include "test_redistribute_util.h"
 
-typedef struct {
-  int ndim, shape[3], np;
-} mesh_spec;
-
-static const mesh_spec meshes[] = {
-    {1, {1}, 1},    {1, {2}, 2},    {1, {3}, 3},    {1, {4}, 4},    {2, {2, 2}, 4},    {1, {5}, 5},       {1, {6}, 6},
-    {2, {2, 3}, 6}, {2, {3, 2}, 6}, {1, {7}, 8},    {1, {8}, 8},    {2, {4, 2}, 8},    {3, {2, 2, 2}, 8},
-};
 
 static int world_rank, world_size;
 
@@ -26,13 +18,8 @@ typedef struct {
 /* Largest local shard (bytes) among the plan's intermediate layouts on this rank. */
 static size_t intermediate_peak(const dtl_plan *p) {
   size_t peak = 0;
-  for (int k = 0; k + 1 < p->nsteps; k++) {
-    int64_t bs[DTL_MAX_TENSOR_DIMS], bo[DTL_MAX_TENSOR_DIMS];
-    dtl__local_box(p->src.mesh, p->src.ndim, p->src.shape, p->steps[k].after, p->src.mesh->coord, bs, bo);
-    size_t n = dtl_dtype_size(p->src.dtype);
-    for (int d = 0; d < p->src.ndim; d++) n *= (size_t)bs[d];
-    if (n > peak) peak = n;
-  }
+  for (int k = 0; k + 1 < p->nsteps; k++)
+    if (tu_shard_bytes(p, p->steps[k].after) > peak) peak = tu_shard_bytes(p, p->steps[k].after);
   return peak;
 }
 
@@ -227,13 +214,9 @@ int main(int argc, char **argv) {
   for (int ci = 0; ci < 2; ci++) {
     dtl__executor_set_chunk_bytes(chunks[ci]);
     if (world_rank == 0 && ci) printf("-- with %zu-byte chunks\n", chunks[ci]);
-    for (size_t i = 0; i < sizeof meshes / sizeof *meshes; i++) {
-      if (meshes[i].np != world_size) continue;
+    for (size_t i = 0; i < (size_t)tu_nmeshes; i++) {
       tu_mesh m;
-      if (tu_mesh_open(meshes[i].ndim, meshes[i].shape, &m) != 0) {
-        TU_EXPECT(0, "mesh");
-        continue;
-      }
+      if (!tu_mesh_open_spec((int)i, &m)) continue;
       if (m.mesh) run_mesh(&m, (int)i, trials, nlayouts);
       tu_mesh_close(&m);
     }

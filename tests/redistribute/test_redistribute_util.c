@@ -83,6 +83,20 @@ static const dtl__comm_ops w_ops = {
 static dtl_status w_wrap(dtl_comm *inner, dtl_comm **out) { return dtl__comm_new(&w_ops, inner->rank, inner->size, inner, out); }
 
 /* --- meshes --------------------------------------------------------------------------------------------- */
+const tu_mesh_spec tu_meshes[] = {
+    {1, {1}, 1},    {1, {2}, 2},    {1, {3}, 3},    {1, {4}, 4},    {2, {2, 2}, 4},    {1, {5}, 5},       {1, {6}, 6},
+    {2, {2, 3}, 6}, {2, {3, 2}, 6}, {1, {7}, 8},    {1, {8}, 8},    {2, {4, 2}, 8},    {3, {2, 2, 2}, 8},
+};
+const int tu_nmeshes = (int)(sizeof tu_meshes / sizeof *tu_meshes);
+
+size_t tu_shard_bytes(const dtl_plan *p, const dtl_placement *pl) {
+  int64_t bs[DTL_MAX_TENSOR_DIMS], bo[DTL_MAX_TENSOR_DIMS];
+  dtl__local_box(p->src.mesh, p->src.ndim, p->src.shape, pl, p->src.mesh->coord, bs, bo);
+  size_t n = dtl_dtype_size(p->src.dtype);
+  for (int d = 0; d < p->src.ndim; d++) n *= (size_t)bs[d];
+  return n;
+}
+
 int tu_mesh_open(int ndim, const int *shape, tu_mesh *m) {
   memset(m, 0, sizeof *m);
   m->mpi = MPI_COMM_NULL;
@@ -101,6 +115,17 @@ int tu_mesh_open(int ndim, const int *shape, tu_mesh *m) {
     return -1;
   }
   return 0;
+}
+
+bool tu_mesh_open_spec(int i, tu_mesh *m) {
+  int size;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (tu_meshes[i].np != size) return false;
+  if (tu_mesh_open(tu_meshes[i].ndim, tu_meshes[i].shape, m) != 0) {
+    TU_EXPECT(0, "cannot open mesh %d", i);
+    return false;
+  }
+  return true;
 }
 
 void tu_mesh_close(tu_mesh *m) {

@@ -9,6 +9,17 @@
 #include <stdio.h>
 #include "redistribute/plan_internal.h"
 
+/* The meshes the property tests run: each at the world size equal to its rank count, except 1-D p=7, which
+ * runs at 8 (one rank idle). */
+typedef struct {
+  int ndim, shape[3], np;
+} tu_mesh_spec;
+extern const tu_mesh_spec tu_meshes[];
+extern const int tu_nmeshes;
+
+/* Bytes of this rank's shard of the plan's tensor under placements pl. */
+size_t tu_shard_bytes(const dtl_plan *p, const dtl_placement *pl);
+
 /* A mesh over the first prod(shape) ranks of MPI_COMM_WORLD; ranks outside get mesh == NULL. The
  * communicator is wrapped by the counting transport below. */
 typedef struct {
@@ -19,6 +30,9 @@ typedef struct {
 } tu_mesh;
 int tu_mesh_open(int ndim, const int *shape, tu_mesh *out); /* collective over MPI_COMM_WORLD; 0 on success */
 void tu_mesh_close(tu_mesh *m);
+/* Opens tu_meshes[i] when it runs at this world size (false otherwise; a failure to open is a failed check).
+ * The ranks outside the mesh get m->mesh == NULL; close it on every rank. */
+bool tu_mesh_open_spec(int i, tu_mesh *m);
 const char *tu_mesh_text(const tu_mesh *m);
 
 /* Allocation counts of the wrapped transports (every mem_alloc of every communicator of every tu_mesh). */

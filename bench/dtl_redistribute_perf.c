@@ -184,7 +184,8 @@ int main(int argc, char **argv) {
   double *tq = malloc(sizeof(double) * (size_t)iters);
   if (rank == 0)
     printf("# dtl_redistribute vs the raw MPI collective on a 1-D mesh of %d ranks: square f32 tensor, size = global "
-           "bytes;\n# median of %d interleaved rounds after %d warmup, slowest rank per round; ratio = dtl/raw\n"
+           "bytes;\n# %d interleaved rounds after %d warmup, slowest rank per round; times: medians; ratio: median of the "
+           "per-round dtl/raw\n"
            "# %-7s %10s %10s %5s %12s %9s %9s %12s %7s %7s  %s\n",
            nranks, iters, warmup, "case", "size", "count", "type", "dtl time us", "algbw", "busbw", "raw time us",
            "ratio", "#wrong", "raw call");

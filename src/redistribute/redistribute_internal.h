@@ -14,8 +14,9 @@ dtl_status dtl__plan_cached(const dtl_layout *src, const dtl_layout *dst, const 
 /* Lookups of the mesh's plan cache that found a plan, and those that had to create one. */
 void dtl__plan_cache_stats(const dtl_mesh *m, uint64_t *hits, uint64_t *misses);
 
-/* Test hook: the bytes of one chunk of a host pack/unpack pass (0 = the default, 1 MiB). Not thread-safe;
- * plans made before a change keep their scratch figure, so change it only between plan creations. */
-void dtl__executor_set_chunk_bytes(size_t bytes);
+/* Test hook: the bytes of one chunk of a host pack/unpack pass (0: the default, 1 MiB) and how many chunks
+ * an average shard must hold before an all-to-all is chunked (0: the default, 32). Not thread-safe; plans
+ * made before a change keep their scratch figure, so change it only between plan creations. */
+void dtl__executor_set_chunking(size_t chunk_bytes, size_t a2a_min_chunks);
 
 #endif

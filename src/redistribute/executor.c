@@ -350,7 +350,9 @@ static void dtl__place(const dtl__ex_step *ex, int n, int start, size_t dst_cap,
 /* The figure is exact: an execution with distinct source and destination buffers allocates exactly this many
  * bytes of transport memory, in one buffer (none for 0). It is the least that any placement above needs, and
  * for a plan of one step at most the larger of the local source and target shards (the step's temporary is
- * a pack or receive buffer of one of them, or a cache-sized chunk). For several steps it exceeds that only
+ * a pack or receive buffer of one of them, or cache-sized chunks; the two chunk regions of a chunked
+ * all-to-all can exceed it only on a rank whose shards are far below the group's average, which needs a
+ * very uneven split of shards of 32 MiB and more). For several steps it exceeds that only
  * when (a) an intermediate shard is larger than both ends: it must live somewhere, e.g. [S0,S1] -> [S1,S0]
  * on 2x2 goes through [S0,R], whose gather needs its received blocks and the unpacked [S0,R] shard at once,
  * twice that intermediate; or (b) a step must keep a packed send or receive buffer beside an intermediate

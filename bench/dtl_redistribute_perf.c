@@ -8,6 +8,9 @@
  * result.
  * Then the cached-plan overhead: dtl_redistribute minus dtl_plan_execute of the same prebuilt plan (a
  * one-element R->R plan, so no communication hides it).
+ * Targets (issue 3): ratio <= 1.05 where the shard is contiguous (S0->R, P->R, P->S0), <= 1.25 for S1->R and
+ * S0->S1 from 1 MiB; cached-plan overhead < 1 us. S1->R and S0->S1 pay one local pass over the shard (unpack
+ * or pack), on one node the same cost class as the shared-memory transfer itself.
  * Options (nccl-tests style): -b min bytes, -e max bytes, -f factor (K/M/G suffixes), -n rounds, -w warmup;
  * -c CASE runs one case only (e.g. -c S1-\>R). */
 #include <math.h>

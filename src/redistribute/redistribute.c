@@ -132,20 +132,22 @@ static int dtl__cmp_u64(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
-/* The fingerprint every rank agrees on: the most common one (ties: the smaller value). */
+/* The reference fingerprint: the most common one; among equally common ones, that of the lowest rank (so
+ * that with two ranks, rank 0's call is the reference). */
 static uint64_t dtl__majority(const uint64_t *fp, int n, uint64_t *sorted) {
   memcpy(sorted, fp, sizeof *fp * (size_t)n);
   qsort(sorted, (size_t)n, sizeof *sorted, dtl__cmp_u64);
-  uint64_t best = sorted[0];
   int best_run = 0;
   for (int i = 0, j; i < n; i = j) {
     for (j = i; j < n && sorted[j] == sorted[i]; j++) {}
-    if (j - i > best_run) {
-      best_run = j - i;
-      best = sorted[i];
-    }
+    if (j - i > best_run) best_run = j - i;
   }
-  return best;
+  for (int r = 0; r < n; r++) { /* the lowest rank whose fingerprint is that common */
+    int count = 0;
+    for (int q = 0; q < n && count < best_run; q++) count += fp[q] == fp[r];
+    if (count == best_run) return fp[r];
+  }
+  return fp[0];
 }
 
 /* All ranks of the mesh exchange (fingerprint, local status). Any disagreement, or any rank whose own

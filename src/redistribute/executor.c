@@ -440,9 +440,17 @@ static dtl_status dtl__reduce_scatter(dtl_comm *c, const void *send, void *recv,
   return c->ops->reduce_scatterv(c, send, recv, counts, t, op);
 }
 
-/* even: every block between every pair of the group has one size (the caller knows it from the group's boxes). */
+/* even: every block between every pair of the group has one size (the caller knows it from the group's boxes).
+ * Regions in one place never overlap unless one is empty, so equal pointers mean an empty side: pass NULL
+ * for it rather than look like an in-place exchange, which some engines refuse. */
 static dtl_status dtl__exchange(dtl_comm *c, bool even, const void *send, const size_t *sc, void *recv, const size_t *rc,
                                 dtl_dtype t) {
+  if (send == recv) {
+    size_t sent = 0;
+    for (int k = 0; k < c->size; k++) sent += sc[k];
+    if (sent) recv = NULL;
+    else send = NULL;
+  }
   if (even) return c->ops->all_to_all(c, send, recv, sc[0], t);
   return c->ops->all_to_allv(c, send, sc, recv, rc, t);
 }

@@ -30,6 +30,14 @@ DTL_API dtl_status dtl_dtype_parse(const char *text, dtl_dtype *out);
 /* "sum", "prod", "max", "min", "avg"; NULL outside the enum. */
 DTL_API const char *dtl_reduce_op_name(dtl_reduce_op op);
 
+/* Conversions between f32 and the 16-bit float types, for filling and reading host buffers: round to
+ * nearest even, overflow to infinity; every f16/bf16 value survives a round trip through f32 (a NaN stays a
+ * NaN of the same sign and payload, made quiet). */
+DTL_API uint16_t dtl_f32_to_f16(float x);
+DTL_API float dtl_f16_to_f32(uint16_t h);
+DTL_API uint16_t dtl_f32_to_bf16(float x);
+DTL_API float dtl_bf16_to_f32(uint16_t h);
+
 #ifdef __cplusplus
 }
 #endif

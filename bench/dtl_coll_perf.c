@@ -6,8 +6,8 @@
  *   mpirun -n 4 dtl_coll_perf -b 1K -e 64M -f 2 -n 20 -w 5 -c 1 [-o sum] [-d f32] [-t all_reduce]
  *
  * Timing: every iteration runs both, dtl and raw, each after a barrier, alternating which goes first; an
- * iteration's time is the slowest rank's; the table shows the median over the -n iterations (robust to the
- * noise of a shared machine). size is the bytes of the larger buffer per rank (nccl-tests: the gathered
+ * iteration's time is the slowest rank's; the table shows the minimum over the -n iterations (-s min, the
+ * default: noise on a shared machine only ever adds time) or their median (-s median). size is the bytes of the larger buffer per rank (nccl-tests: the gathered
  * output, the reduce-scatter input), count its elements; busbw = algbw x (2(p-1)/p all-reduce, (p-1)/p
  * all-gather, reduce-scatter, all-to-all, gather, scatter; 1 broadcast, reduce). */
 #include <stdbool.h>
@@ -27,8 +27,9 @@ static struct {
   int iters, warmup, check, root;
   dtl_dtype t;
   dtl_reduce_op op;
-  int only; /* a coll, or -1 for all */
-} opt = {1024, 64u << 20, 2, 20, 5, 1, 0, DTL_FLOAT32, DTL_SUM, -1};
+  int only;       /* a coll, or -1 for all */
+  bool use_median; /* -s median; default -s min */
+} opt = {1024, 64u << 20, 2, 20, 5, 1, 0, DTL_FLOAT32, DTL_SUM, -1, false};
 
 static int rank, p;
 static dtl_comm *comm;
@@ -58,7 +59,8 @@ static void parse_args(int argc, char **argv) {
     if (a[0] != '-' || !a[1] || a[2] || !v) {
       if (rank == 0)
         fprintf(stderr, "usage: dtl_coll_perf [-b min] [-e max] [-f factor] [-n iters] [-w warmup] [-c 0|1] "
-                        "[-o sum|prod|max|min|avg] [-d f32|f64|f16|bf16|i8|u8|i32|i64] [-r root] [-t coll|all]\n");
+                        "[-o sum|prod|max|min|avg] [-d f32|f64|f16|bf16|i8|u8|i32|i64] [-r root] [-t coll|all] "
+                        "[-s min|median]\n");
       MPI_Abort(MPI_COMM_WORLD, 2);
     }
     i++;
@@ -70,6 +72,10 @@ static void parse_args(int argc, char **argv) {
       case 'w': opt.warmup = atoi(v); break;
       case 'c': opt.check = atoi(v); break;
       case 'r': opt.root = atoi(v); break;
+      case 's':
+        if (strcmp(v, "min") != 0 && strcmp(v, "median") != 0) die("bad statistic (min, median)");
+        opt.use_median = strcmp(v, "median") == 0;
+        break;
       case 'd':
         if (dtl_dtype_parse(v, &opt.t) != DTL_OK) die(dtl_last_error());
         break;
@@ -251,8 +257,10 @@ static int cmp_double(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
-static double median(double *v, int n) {
+/* The statistic of -s over the iterations: the minimum (default) or the median. */
+static double statistic(double *v, int n) {
   qsort(v, (size_t)n, sizeof *v, cmp_double);
+  if (!opt.use_median) return v[0];
   return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
@@ -295,7 +303,7 @@ static void bench(coll k, void *s, void *r, double *t_dtl, double *t_raw) {
     /* An iteration takes as long as its slowest rank. */
     MPI_Allreduce(MPI_IN_PLACE, t_dtl, opt.iters, MPI_DOUBLE, MPI_MAX, raw_comm);
     if (raw) MPI_Allreduce(MPI_IN_PLACE, t_raw, opt.iters, MPI_DOUBLE, MPI_MAX, raw_comm);
-    double td = median(t_dtl, opt.iters), tr = raw ? median(t_raw, opt.iters) : 0;
+    double td = statistic(t_dtl, opt.iters), tr = raw ? statistic(t_raw, opt.iters) : 0;
     long wrong = 0;
     if (opt.check) {
       long mine = check(k, s, r, n);
@@ -337,7 +345,8 @@ int main(int argc, char **argv) {
   if (rank == 0) {
     printf("# dtl_coll_perf: dtl %s, %d ranks, dtype %s, op %s, iters %d, warmup %d, check %d\n", dtl_version_string(), p,
            dtl_dtype_name(opt.t), dtl_reduce_op_name(opt.op), opt.iters, opt.warmup, opt.check);
-    printf("# time: median over iterations of the slowest rank's time; raw: the same MPI call on dtl's communicator\n");
+    printf("# time: %s over iterations of the slowest rank's time; raw: the same MPI call on dtl's communicator\n",
+           opt.use_median ? "median" : "minimum");
     printf("#%13s %12s %11s %5s %5s %4s %10s %7s %7s %7s %9s %7s\n", "coll", "size", "count", "type", "redop", "root",
            "time(us)", "algbw", "busbw", "#wrong", "raw(us)", "dtl/raw");
     printf("#%13s %12s %11s %5s %5s %4s %10s %7s %7s %7s %9s %7s\n", "", "(B)", "(elements)", "", "", "", "", "(GB/s)",

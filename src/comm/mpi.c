@@ -237,21 +237,29 @@ static dtl_status mpi_all_reduce_call(dtl_comm *c, const void *send, void *recv,
   return DTL__ISSUE(k, MPI_Allreduce(s, recv, n, dt, mop, comm), MPI_Iallreduce(s, recv, n, dt, mop, comm, &k->req));
 }
 
-/* In place, MPI takes the input from and leaves the result at the start of one buffer: base. */
+/* The buffers of a reduce-scatter whose own block starts offset bytes into send. dtl's in-place form
+ * (recv == send + offset) becomes MPI_IN_PLACE, where MPI reads the input from and leaves the result at the
+ * start of one buffer (send); the result then moves to recv once the call completes. */
+static void dtl__mpi_reduce_scatter_buffers(dtl__mpi_call *k, const void *send, void *recv, size_t offset,
+                                           size_t block_bytes, const void **s, void **r) {
+  *s = send;
+  *r = recv;
+  if (!dtl__ptr_at(recv, send, offset)) return;
+  *s = MPI_IN_PLACE;
+  *r = (char *)recv - offset;
+  k->move_dst = recv;
+  k->move_src = *r;
+  k->move_bytes = offset ? block_bytes : 0;
+}
+
 static dtl_status mpi_reduce_scatter_call(dtl_comm *c, const void *send, void *recv, size_t recv_count, dtl_dtype t,
                                           dtl_reduce_op op, dtl__mpi_call *k) {
   int n = 0;
   DTL_TRY(dtl__int_count(k->fn, recv_count, &n));
-  size_t block = recv_count * dtl_dtype_size(t), offset = (size_t)c->rank * block;
-  const void *s = send;
-  void *r = recv;
-  if (dtl__ptr_at(recv, send, offset)) {
-    s = MPI_IN_PLACE;
-    r = (char *)recv - offset;
-    k->move_dst = recv;
-    k->move_src = r;
-    k->move_bytes = offset ? block : 0;
-  }
+  size_t block = recv_count * dtl_dtype_size(t);
+  const void *s;
+  void *r;
+  dtl__mpi_reduce_scatter_buffers(k, send, recv, (size_t)c->rank * block, block, &s, &r);
   MPI_Datatype dt = dtl__mpi_type(t);
   MPI_Op mop = dtl__mpi_op(c, t, op);
   MPI_Comm comm = dtl__mpi_of(c)->comm;
@@ -310,16 +318,10 @@ static dtl_status mpi_reduce_scatterv(dtl_comm *c, const void *send, void *recv,
   dtl__mpi_call k = {.fn = "dtl_reduce_scatterv"};
   int *ic, *id;
   DTL_TRY(dtl__int_counts(&k, c, "recv_counts", recv_counts, 0, &ic, &id));
-  size_t offset = (size_t)id[c->rank] * dtl_dtype_size(t);
-  const void *s = send;
-  void *r = recv;
-  if (dtl__ptr_at(recv, send, offset)) {
-    s = MPI_IN_PLACE;
-    r = (char *)recv - offset;
-    k.move_dst = recv;
-    k.move_src = r;
-    k.move_bytes = offset ? recv_counts[c->rank] * dtl_dtype_size(t) : 0;
-  }
+  size_t es = dtl_dtype_size(t);
+  const void *s;
+  void *r;
+  dtl__mpi_reduce_scatter_buffers(&k, send, recv, (size_t)id[c->rank] * es, recv_counts[c->rank] * es, &s, &r);
   dtl__mpi_avg_after(&k, op, recv, recv_counts[c->rank], t, c->size);
   return dtl__mpi_issued(&k, MPI_Reduce_scatter(s, r, ic, dtl__mpi_type(t), dtl__mpi_op(c, t, op), dtl__mpi_of(c)->comm));
 }

@@ -133,6 +133,19 @@ static void f32_to_f16_agrees_with_the_compiler_on_a_sample(void **state) {
 #endif
 }
 
+/* The public conversions (<dtl/types.h>) are the same functions. */
+static void public_conversions_match_the_internal_ones(void **state) {
+  (void)state;
+  for (uint32_t u = 0; u <= 0xffff; u++) {
+    uint16_t h = (uint16_t)u;
+    float f = dtl__bits_to_f32(u * 65537u); /* spreads the pattern over all 32 bits */
+    assert_int_equal(dtl__f32_to_bits(dtl_f16_to_f32(h)), dtl__f32_to_bits(dtl__f16_to_f32(h)));
+    assert_int_equal(dtl__f32_to_bits(dtl_bf16_to_f32(h)), dtl__f32_to_bits(dtl__bf16_to_f32(h)));
+    assert_int_equal(dtl_f32_to_f16(f), dtl__f32_to_f16(f));
+    assert_int_equal(dtl_f32_to_bf16(f), dtl__f32_to_bf16(f));
+  }
+}
+
 /* --- statuses, dtypes, the last error ------------------------------------------------------------------------ */
 static void last_error_is_empty_before_any_failure(void **state) {
   (void)state;
@@ -237,6 +250,7 @@ int main(void) {
       cmocka_unit_test(f32_to_bf16_rounds_to_nearest_even_at_every_midpoint),
       cmocka_unit_test(f32_to_f16_chosen_cases),
       cmocka_unit_test(f32_to_f16_agrees_with_the_compiler_on_a_sample),
+      cmocka_unit_test(public_conversions_match_the_internal_ones),
       cmocka_unit_test(status_names_spell_the_enum),
       cmocka_unit_test(dtype_parse_accepts_short_and_long_names),
       cmocka_unit_test(dtype_parse_rejects_unknown_text_and_names_it),

@@ -75,11 +75,11 @@ DTL_API dtl_status dtl_reduce_scatter(dtl_comm *c, const void *send, void *recv,
 DTL_API dtl_status dtl_reduce_scatterv(dtl_comm *c, const void *send, void *recv, const size_t *recv_counts,
                                        dtl_dtype t, dtl_reduce_op op);
 /* Block j (count_per_peer elements) of send goes to rank j; block i of recv came from rank i.
- * In place: send == recv. */
+ * In place: send == recv (MPI transport only; the NCCL transport rejects it). */
 DTL_API dtl_status dtl_all_to_all(dtl_comm *c, const void *send, void *recv, size_t count_per_peer, dtl_dtype t);
 /* Variable all-to-all: send_counts[j] elements go to rank j, recv_counts[i] arrive from rank i, both
  * packed in rank order. Counts must agree pairwise across ranks; zero counts are allowed.
- * In place: send == recv with send_counts[i] == recv_counts[i] for every i. */
+ * In place: send == recv with send_counts[i] == recv_counts[i] for every i (MPI transport only). */
 DTL_API dtl_status dtl_all_to_allv(dtl_comm *c, const void *send, const size_t *send_counts,
                                    void *recv, const size_t *recv_counts, dtl_dtype t);
 
@@ -111,8 +111,9 @@ DTL_API dtl_status dtl_wait(dtl_request *req);
  * dtl_wait), else 0. Does not free req. */
 DTL_API dtl_status dtl_test(dtl_request *req, int *done);
 
-/* --- Point to point. peer must differ from the own rank (a blocking send to oneself can deadlock: copy
- * locally instead). Messages between two ranks arrive in the order sent. -------------------------------- */
+/* --- Point to point. peer is a rank of c other than the own rank (a blocking message to oneself can
+ * deadlock: DTL_ERR_UNSUPPORTED; copy locally instead). Messages between two ranks arrive in the order
+ * sent. --------------------------------------------------------------------------------------------------- */
 /* count elements to peer. */
 DTL_API dtl_status dtl_send(dtl_comm *c, const void *buf, size_t count, dtl_dtype t, int peer);
 /* count elements from peer; DTL_ERR_MISMATCH when peer sent fewer, DTL_ERR_COMM when it sent more. */

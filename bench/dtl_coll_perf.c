@@ -6,8 +6,10 @@
  *   mpirun -n 4 dtl_coll_perf -b 1K -e 64M -f 2 -n 20 -w 5 -c 1 [-o sum] [-d f32] [-t all_reduce]
  *
  * Timing: every iteration runs both, dtl and raw, each after a barrier, alternating which goes first; an
- * iteration's time is the slowest rank's; the table shows the minimum over the -n iterations (-s min, the
- * default: noise on a shared machine only ever adds time) or their median (-s median). size is the bytes of the larger buffer per rank (nccl-tests: the gathered
+ * iteration's time is the slowest rank's; the time columns show the minimum over the -n iterations (-s min,
+ * the default: noise on a shared machine only ever adds time) or their median (-s median). dtl/raw is the
+ * median over iterations of the ratio of the two back-to-back runs of one iteration, so that load which
+ * comes and goes on a shared machine slows both sides of a ratio alike. size is the bytes of the larger buffer per rank (nccl-tests: the gathered
  * output, the reduce-scatter input), count its elements; busbw = algbw x (2(p-1)/p all-reduce, (p-1)/p
  * all-gather, reduce-scatter, all-to-all, gather, scatter; 1 broadcast, reduce). */
 #include <stdbool.h>
@@ -257,11 +259,15 @@ static int cmp_double(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
-/* The statistic of -s over the iterations: the minimum (default) or the median. */
-static double statistic(double *v, int n) {
+static double median(double *v, int n) {
   qsort(v, (size_t)n, sizeof *v, cmp_double);
-  if (!opt.use_median) return v[0];
   return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/* The statistic of -s over the iterations: the minimum (default) or the median. Sorts v. */
+static double statistic(double *v, int n) {
+  double m = median(v, n);
+  return opt.use_median ? m : v[0];
 }
 
 static double timed(bool use_dtl, coll k, void *s, void *r, size_t n) {
@@ -280,7 +286,7 @@ static double bus_factor(coll k) {
 /* Worst ratio per collective at >= 1 MiB, for the summary line. */
 static double worst_ratio[NCOLLS];
 
-static void bench(coll k, void *s, void *r, double *t_dtl, double *t_raw) {
+static void bench(coll k, void *s, void *r, double *t_dtl, double *t_raw, double *t_ratio) {
   size_t es = dtl_dtype_size(opt.t), np = (size_t)p;
   bool blocks = !(k == BCAST || k == REDUCE || k == ALL_REDUCE);
   bool raw = raw_available(k);
@@ -303,6 +309,11 @@ static void bench(coll k, void *s, void *r, double *t_dtl, double *t_raw) {
     /* An iteration takes as long as its slowest rank. */
     MPI_Allreduce(MPI_IN_PLACE, t_dtl, opt.iters, MPI_DOUBLE, MPI_MAX, raw_comm);
     if (raw) MPI_Allreduce(MPI_IN_PLACE, t_raw, opt.iters, MPI_DOUBLE, MPI_MAX, raw_comm);
+    double ratio = 0;
+    if (raw) {
+      for (int it = 0; it < opt.iters; it++) t_ratio[it] = t_dtl[it] / t_raw[it];
+      ratio = median(t_ratio, opt.iters);
+    }
     double td = statistic(t_dtl, opt.iters), tr = raw ? statistic(t_raw, opt.iters) : 0;
     long wrong = 0;
     if (opt.check) {
@@ -311,10 +322,10 @@ static void bench(coll k, void *s, void *r, double *t_dtl, double *t_raw) {
     }
     size_t size = count * es;
     double algbw = (double)size / td / 1e9;
-    if (raw && size >= (1u << 20) && td / tr > worst_ratio[k]) worst_ratio[k] = td / tr;
+    if (raw && size >= (1u << 20) && ratio > worst_ratio[k]) worst_ratio[k] = ratio;
     if (rank == 0) {
       char rawtxt[64] = "        -       -", wrongtxt[24] = "N/A";
-      if (raw) snprintf(rawtxt, sizeof rawtxt, "%9.1f %7.3f", tr * 1e6, td / tr);
+      if (raw) snprintf(rawtxt, sizeof rawtxt, "%9.1f %7.3f", tr * 1e6, ratio);
       if (opt.check) snprintf(wrongtxt, sizeof wrongtxt, "%ld", wrong);
       bool reduces = k == REDUCE || k == ALL_REDUCE || k == REDUCE_SCATTER;
       bool rooted = k == BCAST || k == REDUCE || k == GATHER || k == SCATTER;
@@ -337,15 +348,17 @@ int main(int argc, char **argv) {
   /* One pair of buffers large enough for every collective at the largest size, touched before timing. */
   size_t bytes = opt.max_bytes + 64;
   void *s = malloc(bytes), *r = malloc(bytes);
-  double *t_dtl = malloc(sizeof(double) * (size_t)opt.iters), *t_raw = malloc(sizeof(double) * (size_t)opt.iters);
-  if (!s || !r || !t_dtl || !t_raw) die("out of memory");
+  double *t_dtl = malloc(sizeof(double) * (size_t)opt.iters), *t_raw = malloc(sizeof(double) * (size_t)opt.iters),
+         *t_ratio = malloc(sizeof(double) * (size_t)opt.iters);
+  if (!s || !r || !t_dtl || !t_raw || !t_ratio) die("out of memory");
   memset(s, 0, bytes);
   memset(r, 0, bytes);
 
   if (rank == 0) {
     printf("# dtl_coll_perf: dtl %s, %d ranks, dtype %s, op %s, iters %d, warmup %d, check %d\n", dtl_version_string(), p,
            dtl_dtype_name(opt.t), dtl_reduce_op_name(opt.op), opt.iters, opt.warmup, opt.check);
-    printf("# time: %s over iterations of the slowest rank's time; raw: the same MPI call on dtl's communicator\n",
+    printf("# time: %s over iterations of the slowest rank's time; raw: the same MPI call on dtl's communicator;\n"
+           "# dtl/raw: median over iterations of the ratio of the back-to-back dtl and raw runs\n",
            opt.use_median ? "median" : "minimum");
     printf("#%13s %12s %11s %5s %5s %4s %10s %7s %7s %7s %9s %7s\n", "coll", "size", "count", "type", "redop", "root",
            "time(us)", "algbw", "busbw", "#wrong", "raw(us)", "dtl/raw");
@@ -353,7 +366,7 @@ int main(int argc, char **argv) {
            "(GB/s)", "", "", "");
   }
   for (int k = 0; k < NCOLLS; k++)
-    if (opt.only < 0 || opt.only == k) bench((coll)k, s, r, t_dtl, t_raw);
+    if (opt.only < 0 || opt.only == k) bench((coll)k, s, r, t_dtl, t_raw, t_ratio);
   if (rank == 0) {
     printf("# worst dtl/raw at >= 1 MiB:");
     for (int k = 0; k < NCOLLS; k++)
@@ -364,6 +377,7 @@ int main(int argc, char **argv) {
   free(r);
   free(t_dtl);
   free(t_raw);
+  free(t_ratio);
   dtl_comm_destroy(comm);
   MPI_Finalize();
   return 0;

@@ -231,7 +231,7 @@ static dtl_status dtl__args_all_to_allv(const char *fn, dtl_comm *c, const void 
   DTL_TRY(dtl__sum_counts(fn, "recv_counts", c, recv_counts, &rtotal, &unused));
   DTL_TRY(dtl__check_buf(fn, "send", send, "sum(send_counts)", stotal, 1, t, &sbytes));
   DTL_TRY(dtl__check_buf(fn, "recv", recv, "sum(recv_counts)", rtotal, 1, t, &rbytes));
-  if (send == recv && (sbytes || rbytes))
+  if (send == recv && sbytes && rbytes) /* (an empty side that merely shares the pointer is no overlap) */
     for (int i = 0; i < c->size; i++)
       if (send_counts[i] != recv_counts[i])
         return dtl__error(DTL_ERR_INVALID_ARGUMENT,

@@ -274,8 +274,22 @@ static dtl_status mpi_all_to_all_call(dtl_comm *c, const void *send, void *recv,
   DTL_TRY(dtl__int_count(k->fn, count_per_peer, &n));
   MPI_Datatype dt = dtl__mpi_type(t);
   MPI_Comm comm = dtl__mpi_of(c)->comm;
-  const void *s = send == recv ? MPI_IN_PLACE : send;
+  const void *s = send == recv && count_per_peer ? MPI_IN_PLACE : send;
   return DTL__ISSUE(k, MPI_Alltoall(s, n, dt, recv, n, dt, comm), MPI_Ialltoall(s, n, dt, recv, n, dt, comm, &k->req));
+}
+
+/* In place only when send == recv describe one and the same non-empty exchange: MPI_IN_PLACE sends what
+ * recv_counts say, so a pointer that merely coincides with an empty side (layers above pass such pairs)
+ * must stay an ordinary call, or this rank would send nothing while its peers wait. */
+static bool dtl__a2av_in_place(const dtl_comm *c, const void *send, const size_t *send_counts, const void *recv,
+                               const size_t *recv_counts) {
+  if (send != recv) return false;
+  size_t total = 0;
+  for (int i = 0; i < c->size; i++) {
+    if (send_counts[i] != recv_counts[i]) return false;
+    total += send_counts[i];
+  }
+  return total > 0;
 }
 
 static dtl_status mpi_all_to_allv_call(dtl_comm *c, const void *send, const size_t *send_counts, void *recv,
@@ -285,7 +299,7 @@ static dtl_status mpi_all_to_allv_call(dtl_comm *c, const void *send, const size
   DTL_TRY(dtl__int_counts(k, c, "recv_counts", recv_counts, 1, &rc, &rd));
   MPI_Datatype dt = dtl__mpi_type(t);
   MPI_Comm comm = dtl__mpi_of(c)->comm;
-  const void *s = send == recv ? MPI_IN_PLACE : send;
+  const void *s = dtl__a2av_in_place(c, send, send_counts, recv, recv_counts) ? MPI_IN_PLACE : send;
   return DTL__ISSUE(k, MPI_Alltoallv(s, sc, sd, dt, recv, rc, rd, dt, comm),
                     MPI_Ialltoallv(s, sc, sd, dt, recv, rc, rd, dt, comm, &k->req));
 }

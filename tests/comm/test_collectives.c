@@ -418,6 +418,36 @@ static void large_reductions_match_the_oracle_under_segmented_algorithms(void) {
     }
 }
 
+/* A rank whose receive side is empty may pass the send pointer as recv (and one whose send side is empty
+ * the recv pointer as send): no byte overlaps, so it is an ordinary exchange, not the in-place form, and
+ * the other ranks still get this rank's blocks. Rank 0 receives nothing, the last rank sends nothing. */
+static size_t one_sided_count(int src, int dst) { return dst == 0 || src == size - 1 ? 0 : (size_t)((src + dst) % 3 + 1); }
+
+static void all_to_allv_with_an_empty_side_sharing_the_other_pointer_is_not_in_place(void) {
+  size_t sc[64], rc[64], soff[65], roff[65];
+  soff[0] = roff[0] = 0;
+  for (int r = 0; r < size; r++) {
+    sc[r] = one_sided_count(rank, r);
+    rc[r] = one_sided_count(r, rank);
+    soff[r + 1] = soff[r] + sc[r];
+    roff[r + 1] = roff[r] + rc[r];
+  }
+  for (int d = 0; d < NDTYPES; d++) {
+    dtl_dtype t = all_dtypes[d];
+    void *send = sentinel_buf(soff[size], t), *recv = sentinel_buf(roff[size], t);
+    for (int r = 0; r < size; r++)
+      for (size_t k = 0; k < sc[r]; k++) put(t, send, soff[r] + k, gen_a2a(t, rank, r, k));
+    const void *s = soff[size] ? send : recv;
+    void *out = roff[size] ? recv : send;
+    CHECK_OK(dtl_all_to_allv(comm, s, sc, out, rc, t));
+    for (int r = 0; r < size; r++)
+      EXPECT_ELEMENTS(t, (char *)out + roff[r] * esz(t), rc[r], gen_a2a(t, r, rank, i),
+                      "one-sided all_to_allv %s from rank %d", dtl_dtype_name(t), r);
+    free(send);
+    free(recv);
+  }
+}
+
 /* --- point to point -------------------------------------------------------------------------------------------- */
 /* Even ranks send first and odd ranks receive first, so the ring never waits on itself even when the
  * engine does not buffer (the large count exceeds the eager limit). */
@@ -546,6 +576,7 @@ int main(int argc, char **argv) {
   RUN(reduce_scatterv_gives_rank_r_its_uneven_block_including_empty_ones);
   RUN(all_to_all_delivers_block_i_of_rank_j_to_rank_i);
   RUN(all_to_allv_delivers_uneven_blocks_including_empty_ones);
+  RUN(all_to_allv_with_an_empty_side_sharing_the_other_pointer_is_not_in_place);
   RUN(large_reductions_match_the_oracle_under_segmented_algorithms);
   RUN(send_recv_ring_passes_each_block_to_the_next_rank);
   RUN(nonblocking_collectives_overlap_and_complete_in_wait);

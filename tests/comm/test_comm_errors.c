@@ -8,6 +8,7 @@
 #include <sys/mman.h>
 #include <stdint.h>
 #include <string.h>
+#include <unistd.h>
 #include "dtl.h"
 #include "dtl/mpi.h"
 #include "mpi_check.h"
@@ -305,6 +306,7 @@ static void aborted_communicator_refuses_further_calls(void) {
 }
 
 int main(int argc, char **argv) {
+  alarm(120); /* a collective that hangs fails the test in minutes instead of waiting for ctest's timeout */
   MPI_Init(&argc, &argv);
   if (dtl_comm_from_mpi(MPI_COMM_WORLD, &comm) != DTL_OK || dtl_comm_from_mpi(MPI_COMM_SELF, &self) != DTL_OK) {
     fprintf(stderr, "dtl_comm_from_mpi: %s\n", dtl_last_error());

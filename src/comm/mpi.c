@@ -198,9 +198,9 @@ static dtl_status mpi_reduce(dtl_comm *c, const void *send, void *recv, size_t c
   int n = 0;
   DTL_TRY(dtl__int_count("dtl_reduce", count, &n));
   const void *s = (c->rank == root && send == recv) ? MPI_IN_PLACE : send;
-  DTL__MPI_CALL("dtl_reduce", MPI_Reduce(s, recv, n, dtl__mpi_type(t), dtl__mpi_op(c, t, op), root, dtl__mpi_of(c)->comm));
-  if (op == DTL_AVG && c->rank == root) dtl__divide(recv, count, t, c->size);
-  return DTL_OK;
+  dtl__mpi_call k = {.fn = "dtl_reduce"};
+  if (c->rank == root) dtl__mpi_avg_after(&k, op, recv, count, t, c->size);
+  return dtl__mpi_issued(&k, MPI_Reduce(s, recv, n, dtl__mpi_type(t), dtl__mpi_op(c, t, op), root, dtl__mpi_of(c)->comm));
 }
 
 static dtl_status mpi_all_gather_call(dtl_comm *c, const void *send, void *recv, size_t send_count, dtl_dtype t,

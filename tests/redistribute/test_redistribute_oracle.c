@@ -86,6 +86,7 @@ static void every_pair_matches_the_dense_oracle(const tu_mesh *m, const dtl_layo
   if (plan->nsteps > 1) ps->multi_step++;
   if (fig > ends) ps->over_bound++;
   if (fig > ends && intermediate_peak(plan) <= ends) ps->over_small++;
+  /* TU_VERBOSE=1 explains the plans whose scratch exceeds both ends although no intermediate does. */
   if (fig > ends && intermediate_peak(plan) <= ends && getenv("TU_VERBOSE")) {
     char buf[4096];
     dtl_plan_explain(plan, buf, sizeof buf);

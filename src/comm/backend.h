@@ -44,6 +44,13 @@ typedef struct dtl__comm_ops {
   dtl_status (*send)(dtl_comm *c, const void *buf, size_t count, dtl_dtype t, int peer);
   dtl_status (*recv)(dtl_comm *c, void *buf, size_t count, dtl_dtype t, int peer);
   dtl_status (*barrier)(dtl_comm *c);
+  /* Optional (NULL where the transport has none): an all-to-all whose blocks sit at explicit element
+   * displacements. send_counts[k] elements from send + send_displs[k] go to peer k; recv_counts[k] elements
+   * from peer k land at recv + recv_displs[k]. Send blocks may overlap one another (one block sent to every
+   * peer); receive blocks may not, nor overlap any send block. The executor uses it to send from and receive
+   * into shards in place and to leave its own block out of the exchange (it copies that block itself). */
+  dtl_status (*all_to_allv_displs)(dtl_comm *c, const void *send, const size_t *send_counts, const size_t *send_displs,
+                                   void *recv, const size_t *recv_counts, const size_t *recv_displs, dtl_dtype t);
 
   /* Nonblocking forms (NULL where the transport has none): start the operation and store a request made by
    * the transport in *req. wait completes and frees it (whatever the outcome); test only polls. */

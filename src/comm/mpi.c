@@ -137,10 +137,10 @@ static dtl_status dtl__int_count(const char *fn, size_t count, int *out) {
   return DTL_OK;
 }
 
-/* Converts per-rank counts to int counts and displacements (packed in rank order), into k->counts (n counts
- * then n displacements; with a second array, 4n ints). */
+/* Converts per-rank counts to int counts and displacements (displs, or packed in rank order when NULL), into
+ * k->counts (n counts then n displacements; with a second array, 4n ints). */
 static dtl_status dtl__int_counts(dtl__mpi_call *k, const dtl_comm *c, const char *arg, const size_t *counts,
-                                  int slot, int **out_counts, int **out_displs) {
+                                  const size_t *displs, int slot, int **out_counts, int **out_displs) {
   size_t n = (size_t)c->size;
   if (!k->counts) {
     k->counts = malloc(sizeof(int) * n * 4);
@@ -149,6 +149,7 @@ static dtl_status dtl__int_counts(dtl__mpi_call *k, const dtl_comm *c, const cha
   int *ic = k->counts + (size_t)slot * 2 * n, *id = ic + n;
   size_t off = 0;
   for (int i = 0; i < c->size; i++) {
+    if (displs) off = displs[i];
     if (counts[i] > (size_t)INT_MAX || off > (size_t)INT_MAX) {
       free(k->counts);
       k->counts = NULL;
@@ -216,7 +217,7 @@ static dtl_status mpi_all_gather_call(dtl_comm *c, const void *send, void *recv,
 static dtl_status mpi_all_gatherv_call(dtl_comm *c, const void *send, size_t send_count, void *recv,
                                        const size_t *recv_counts, dtl_dtype t, dtl__mpi_call *k) {
   int *ic, *id;
-  DTL_TRY(dtl__int_counts(k, c, "recv_counts", recv_counts, 0, &ic, &id));
+  DTL_TRY(dtl__int_counts(k, c, "recv_counts", recv_counts, NULL, 0, &ic, &id));
   MPI_Datatype dt = dtl__mpi_type(t);
   MPI_Comm comm = dtl__mpi_of(c)->comm;
   const void *s = dtl__ptr_at(send, recv, (size_t)id[c->rank] * dtl_dtype_size(t)) ? MPI_IN_PLACE : send;
@@ -295,8 +296,8 @@ static bool dtl__a2av_in_place(const dtl_comm *c, const void *send, const size_t
 static dtl_status mpi_all_to_allv_call(dtl_comm *c, const void *send, const size_t *send_counts, void *recv,
                                        const size_t *recv_counts, dtl_dtype t, dtl__mpi_call *k) {
   int *sc, *sd, *rc, *rd;
-  DTL_TRY(dtl__int_counts(k, c, "send_counts", send_counts, 0, &sc, &sd));
-  DTL_TRY(dtl__int_counts(k, c, "recv_counts", recv_counts, 1, &rc, &rd));
+  DTL_TRY(dtl__int_counts(k, c, "send_counts", send_counts, NULL, 0, &sc, &sd));
+  DTL_TRY(dtl__int_counts(k, c, "recv_counts", recv_counts, NULL, 1, &rc, &rd));
   MPI_Datatype dt = dtl__mpi_type(t);
   MPI_Comm comm = dtl__mpi_of(c)->comm;
   const void *s = dtl__a2av_in_place(c, send, send_counts, recv, recv_counts) ? MPI_IN_PLACE : send;
@@ -331,7 +332,7 @@ static dtl_status mpi_reduce_scatterv(dtl_comm *c, const void *send, void *recv,
                                       dtl_reduce_op op) {
   dtl__mpi_call k = {.fn = "dtl_reduce_scatterv"};
   int *ic, *id;
-  DTL_TRY(dtl__int_counts(&k, c, "recv_counts", recv_counts, 0, &ic, &id));
+  DTL_TRY(dtl__int_counts(&k, c, "recv_counts", recv_counts, NULL, 0, &ic, &id));
   size_t es = dtl_dtype_size(t);
   const void *s;
   void *r;
@@ -349,6 +350,19 @@ static dtl_status mpi_all_to_allv(dtl_comm *c, const void *send, const size_t *s
                                   const size_t *recv_counts, dtl_dtype t) {
   dtl__mpi_call k = {.fn = "dtl_all_to_allv"};
   return mpi_all_to_allv_call(c, send, send_counts, recv, recv_counts, t, &k);
+}
+
+/* Blocking only: the executor's one user runs it between local passes. Never in place (MPI_IN_PLACE would
+ * read the send blocks from the receive displacements). */
+static dtl_status mpi_all_to_allv_displs(dtl_comm *c, const void *send, const size_t *send_counts,
+                                         const size_t *send_displs, void *recv, const size_t *recv_counts,
+                                         const size_t *recv_displs, dtl_dtype t) {
+  dtl__mpi_call k = {.fn = "dtl_all_to_allv_displs"};
+  int *sc, *sd, *rc, *rd;
+  DTL_TRY(dtl__int_counts(&k, c, "send_counts", send_counts, send_displs, 0, &sc, &sd));
+  DTL_TRY(dtl__int_counts(&k, c, "recv_counts", recv_counts, recv_displs, 1, &rc, &rd));
+  MPI_Datatype dt = dtl__mpi_type(t);
+  return dtl__mpi_issued(&k, MPI_Alltoallv(send, sc, sd, dt, recv, rc, rd, dt, dtl__mpi_of(c)->comm));
 }
 
 /* --- nonblocking ------------------------------------------------------------------------------------------ */
@@ -531,6 +545,7 @@ static const dtl__comm_ops dtl__mpi_ops = {
     .all_gather = mpi_all_gather, .all_gatherv = mpi_all_gatherv, .all_reduce = mpi_all_reduce,
     .reduce_scatter = mpi_reduce_scatter, .reduce_scatterv = mpi_reduce_scatterv, .all_to_all = mpi_all_to_all,
     .all_to_allv = mpi_all_to_allv, .send = mpi_send, .recv = mpi_recv, .barrier = mpi_barrier,
+    .all_to_allv_displs = mpi_all_to_allv_displs,
     .all_gather_async = mpi_all_gather_async, .all_gatherv_async = mpi_all_gatherv_async,
     .all_reduce_async = mpi_all_reduce_async, .reduce_scatter_async = mpi_reduce_scatter_async,
     .all_to_all_async = mpi_all_to_all_async, .all_to_allv_async = mpi_all_to_allv_async,

@@ -377,6 +377,7 @@ typedef struct {
   size_t es;
   dtl_dtype t;
   size_t *cnt_a, *cnt_b, *cnt_c; /* per-peer counts, sized for the largest group */
+  size_t *dsp_a, *dsp_b;         /* per-peer displacements (send, receive) of all_to_allv_displs */
 } dtl__ex_ctx;
 
 /* base + elems elements, without arithmetic on a NULL base (empty buffers may be NULL). */
@@ -455,6 +456,55 @@ static dtl_status dtl__exchange(dtl_comm *c, bool even, const void *send, const 
   return c->ops->all_to_allv(c, send, sc, recv, rc, t);
 }
 
+/* The own block. With a transport that takes explicit displacements (all_to_allv_displs) a gather or
+ * all-to-all that packs or unpacks leaves this rank's own block out of the exchange and copies it straight from
+ * the input box into the output box: one strided copy instead of a copy into the pack or receive buffer, the
+ * transport's local copy, and a copy out again. The group then uses all_to_allv_displs throughout (the choice
+ * of collective must agree across it); each member skips its own block only when its input and output are
+ * different buffers (a strided copy over an input of another shape would clobber it). Returns the rank whose
+ * block is skipped, or -1. */
+static int dtl__own_block_direct(dtl_comm *c, bool displs, bool scattered, const void *in, const void *out) {
+  return displs && scattered && in != out ? c->rank : -1;
+}
+
+/* Displacements of blocks in peer order, then drops block self (-1: none) from counts. A packed side (a pack or
+ * receive buffer) holds the blocks back to back without self's; a side left in place holds all of them, so
+ * its offsets count self's block too. */
+static void dtl__displs(int g, size_t *counts, size_t *displs, int self, bool packed) {
+  if (packed && self >= 0) counts[self] = 0;
+  size_t off = 0;
+  for (int k = 0; k < g; k++) {
+    displs[k] = off;
+    off += counts[k];
+  }
+  if (self >= 0) counts[self] = 0;
+}
+
+/* all_to_allv_displs; like dtl__exchange, an empty side that shares the other side's pointer is passed as NULL. */
+static dtl_status dtl__exchange_displs(dtl_comm *c, const void *send, const size_t *sc, const size_t *sd, void *recv,
+                                       const size_t *rc, const size_t *rd, dtl_dtype t) {
+  if (send == recv) {
+    size_t sent = 0;
+    for (int k = 0; k < c->size; k++) sent += sc[k];
+    if (sent) recv = NULL;
+    else send = NULL;
+  }
+  return c->ops->all_to_allv_displs(c, send, sc, sd, recv, rc, rd, t);
+}
+
+/* Copies the part of box (shape, off) inside the step's input box from the input to the output. */
+static dtl_status dtl__copy_own(const dtl__ex_ctx *x, const dtl__ex_step *e, dtl_comm *c, const int64_t *shape,
+                                const int64_t *off, const void *in, void *out) {
+  int64_t is[DTL_MAX_TENSOR_DIMS], io[DTL_MAX_TENSOR_DIMS], ri[DTL_MAX_TENSOR_DIMS], ro[DTL_MAX_TENSOR_DIMS];
+  if (!dtl__intersect(x->nd, e->in_shape, e->in_off, shape, off, is, io)) return DTL_OK;
+  for (int d = 0; d < x->nd; d++) {
+    ri[d] = io[d] - e->in_off[d];
+    ro[d] = io[d] - e->out_off[d];
+  }
+  dtl__box_copy b = dtl__box(x->nd, x->es, is, e->in_shape, ri, e->out_shape, ro);
+  return c->ops->copy_box(c, in, out, &b);
+}
+
 static dtl_status dtl__run_gather(const dtl__ex_ctx *x, const dtl__plan_step *s, const dtl__ex_step *e, dtl_comm *c,
                                   const void *in, void *out, void *tmp) {
   int g = c->size, nd = x->nd;
@@ -471,11 +521,24 @@ static dtl_status dtl__run_gather(const dtl__ex_ctx *x, const dtl__plan_step *s,
    * of the output gathers chunk r of every block. Last chunk first: the output may overlay the input. */
   int cd = e->cdim;
   int64_t rows = e->crows ? e->out_shape[cd] : 1, step = e->crows ? e->crows : 1;
+  bool displs = c->ops->all_to_allv_displs != NULL;
+  int self = dtl__own_block_direct(c, displs, true, in, out);
   for (int64_t r0 = (rows - 1) / step * step; r0 >= 0; r0 -= step) {
     int64_t nr = rows - r0 < step ? rows - r0 : step;
     for (int k = 0; k < g; k++) x->cnt_c[k] = e->crows ? x->cnt_a[k] / (size_t)rows * (size_t)nr : x->cnt_a[k];
-    size_t mine = e->crows ? e->a / (size_t)rows : 0;
-    DTL_TRY(dtl__gather(c, dtl__at((void *)(uintptr_t)in, mine * (size_t)r0, x->es), x->cnt_c[c->rank], tmp, x->cnt_c, x->t));
+    size_t mine = e->crows ? e->a / (size_t)rows : 0, n = x->cnt_c[c->rank];
+    const void *send = dtl__at((void *)(uintptr_t)in, mine * (size_t)r0, x->es);
+    if (displs) {
+      /* This rank's chunk goes to every peer from one place. */
+      for (int k = 0; k < g; k++) {
+        x->cnt_b[k] = k == self ? 0 : n;
+        x->dsp_a[k] = 0;
+      }
+      dtl__displs(g, x->cnt_c, x->dsp_b, self, true);
+      DTL_TRY(dtl__exchange_displs(c, send, x->cnt_b, x->dsp_a, tmp, x->cnt_c, x->dsp_b, x->t));
+    } else {
+      DTL_TRY(dtl__gather(c, send, n, tmp, x->cnt_c, x->t));
+    }
     size_t off = 0;
     for (int k = 0; k < g; k++) {
       if (x->cnt_c[k]) {
@@ -492,7 +555,7 @@ static dtl_status dtl__run_gather(const dtl__ex_ctx *x, const dtl__plan_step *s,
       off += x->cnt_c[k];
     }
   }
-  return DTL_OK;
+  return self >= 0 ? dtl__copy_own(x, e, c, e->in_shape, e->in_off, in, out) : DTL_OK;
 }
 
 static dtl_status dtl__run_reduce_scatter(const dtl__ex_ctx *x, const dtl__plan_step *s, const dtl__ex_step *e,
@@ -561,13 +624,15 @@ static size_t dtl__a2a_piece(const dtl__ex_ctx *x, const dtl__plan_step *s, cons
   return ok ? dtl__box_count(nd, is) : 0;
 }
 
-/* Sets the send counts of chunk r0 and, when packing, packs the pieces into send in peer order. */
+/* Sets the send counts of chunk r0 and, when packing, packs the pieces into send in peer order, but for peer
+ * self's (-1: none), which this rank copies itself. */
 static dtl_status dtl__a2a_pack(const dtl__ex_ctx *x, const dtl__plan_step *s, const dtl__ex_step *e, dtl_comm *c,
-                                int64_t r0, const void *in, void *send) {
+                                int64_t r0, int self, const void *in, void *send) {
   int64_t is[DTL_MAX_TENSOR_DIMS], io[DTL_MAX_TENSOR_DIMS];
   size_t off = 0;
   for (int k = 0; k < c->size; k++) {
     x->cnt_a[k] = dtl__a2a_piece(x, s, e, k, false, r0, is, io);
+    if (k == self) continue;
     if (e->pack && x->cnt_a[k]) {
       int64_t rel[DTL_MAX_TENSOR_DIMS];
       for (int d = 0; d < x->nd; d++) rel[d] = io[d] - e->in_off[d];
@@ -603,44 +668,64 @@ static dtl_status dtl__run_all_to_all(const dtl__ex_ctx *x, const dtl__plan_step
   int64_t ps[DTL_MAX_TENSOR_DIMS], po[DTL_MAX_TENSOR_DIMS], is[DTL_MAX_TENSOR_DIMS], io[DTL_MAX_TENSOR_DIMS];
   size_t total = 0, in0 = 0, out0 = 0;
   int64_t rows = 1; /* chunked: the most rows of the chunk dim that any peer's chunk domain has */
-  bool even = s->before[s->mesh_dim].dim != s->after[s->mesh_dim].dim;
+  int from = s->before[s->mesh_dim].dim, to = s->after[s->mesh_dim].dim;
+  bool even = from != to, scattered = false; /* scattered: some member of the group packs or unpacks */
   for (int k = 0; k < g; k++) {
     dtl__peer_box(x, s, 1, k, ps, po);
     size_t outk = dtl__box_count(nd, ps);
     if (k == 0) out0 = outk;
     even = even && outk == out0;
+    scattered = scattered || !dtl__split_is_contiguous(nd, ps, from);
     if (e->crows && e->cmode != 1 && ps[e->cdim] > rows) rows = ps[e->cdim];
     dtl__peer_box(x, s, 0, k, ps, po);
     size_t ink = dtl__box_count(nd, ps);
     if (k == 0) in0 = ink;
     even = even && ink == in0;
+    scattered = scattered || !dtl__split_is_contiguous(nd, ps, to);
     total += ink;
     if (e->crows && e->cmode == 1 && ps[e->cdim] > rows) rows = ps[e->cdim];
   }
   if (total == 0) return DTL_OK; /* the group's box is empty on every member alike */
+  bool displs = c->ops->all_to_allv_displs != NULL && scattered;
+  int self = dtl__own_block_direct(c, displs, e->pack || e->unpack, in, out);
   if (e->crows) {
     /* Chunk by chunk through two chunk regions; equal blocks stay equal in every chunk (same clipping). */
     void *tsend = tmp, *trecv = dtl__at(tmp, e->tsend, x->es);
     for (int64_t r0 = 0; r0 < rows; r0 += e->crows) {
-      DTL_TRY(dtl__a2a_pack(x, s, e, c, r0, in, tsend));
+      DTL_TRY(dtl__a2a_pack(x, s, e, c, r0, self, in, tsend));
       for (int k = 0; k < g; k++) x->cnt_b[k] = dtl__a2a_piece(x, s, e, k, true, r0, is, io);
-      DTL_TRY(dtl__exchange(c, even, tsend, x->cnt_a, trecv, x->cnt_b, x->t));
+      if (displs) {
+        dtl__displs(g, x->cnt_a, x->dsp_a, self, true);
+        dtl__displs(g, x->cnt_b, x->dsp_b, self, true);
+        DTL_TRY(dtl__exchange_displs(c, tsend, x->cnt_a, x->dsp_a, trecv, x->cnt_b, x->dsp_b, x->t));
+      } else {
+        DTL_TRY(dtl__exchange(c, even, tsend, x->cnt_a, trecv, x->cnt_b, x->t));
+      }
       DTL_TRY(dtl__a2a_unpack(x, s, e, c, r0, trecv, out));
     }
-    return DTL_OK;
+    return self >= 0 ? dtl__copy_own(x, e, c, e->out_shape, e->out_off, in, out) : DTL_OK;
   }
-  DTL_TRY(dtl__a2a_pack(x, s, e, c, 0, in, tmp));
+  DTL_TRY(dtl__a2a_pack(x, s, e, c, 0, self, in, tmp));
   for (int k = 0; k < g; k++) x->cnt_b[k] = dtl__a2a_piece(x, s, e, k, true, 0, is, io);
   const void *send = e->pack ? tmp : in;
-  if (!e->unpack) return dtl__exchange(c, even, send, x->cnt_a, out, x->cnt_b, x->t);
-  if (e->pack) {
-    /* tmp still holds what is being sent: receive into the output, then move it to tmp to place it. */
-    DTL_TRY(dtl__exchange(c, even, send, x->cnt_a, out, x->cnt_b, x->t));
-    DTL_TRY(c->ops->mem_copy(c, tmp, out, e->b * x->es));
+  /* Both sides scattered: the blocks arrive in the output, then move to tmp (free again once sent) to be placed. */
+  void *recv = e->unpack && !e->pack ? tmp : out;
+  if (displs) {
+    dtl__displs(g, x->cnt_a, x->dsp_a, self, e->pack);
+    dtl__displs(g, x->cnt_b, x->dsp_b, self, e->unpack);
+    DTL_TRY(dtl__exchange_displs(c, send, x->cnt_a, x->dsp_a, recv, x->cnt_b, x->dsp_b, x->t));
   } else {
-    DTL_TRY(dtl__exchange(c, even, send, x->cnt_a, tmp, x->cnt_b, x->t));
+    DTL_TRY(dtl__exchange(c, even, send, x->cnt_a, recv, x->cnt_b, x->t));
   }
-  return dtl__a2a_unpack(x, s, e, c, 0, tmp, out);
+  if (e->unpack) {
+    if (e->pack) {
+      size_t got = 0;
+      for (int k = 0; k < g; k++) got += x->cnt_b[k];
+      DTL_TRY(c->ops->mem_copy(c, tmp, out, got * x->es));
+    }
+    DTL_TRY(dtl__a2a_unpack(x, s, e, c, 0, tmp, out));
+  }
+  return self >= 0 ? dtl__copy_own(x, e, c, e->out_shape, e->out_off, in, out) : DTL_OK;
 }
 
 static dtl_status dtl__run_step(const dtl__ex_ctx *x, int k, const dtl__ex_step *e, const void *in, void *out, void *tmp) {
@@ -710,10 +795,11 @@ dtl_status dtl_plan_execute(const dtl_plan *p, const void *src_local, void *dst_
   int gmax = 1;
   for (int md = 0; md < mesh->ndim; md++)
     if (mesh->shape[md] > gmax) gmax = mesh->shape[md];
-  size_t small[3 * 64], *counts = small;
-  if (gmax > 64 && !(counts = malloc(sizeof(size_t) * 3 * (size_t)gmax)))
+  size_t small[5 * 64], *counts = small;
+  if (gmax > 64 && !(counts = malloc(sizeof(size_t) * 5 * (size_t)gmax)))
     return dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory");
-  dtl__ex_ctx x = {p, mesh, p->src.ndim, es, p->src.dtype, counts, counts + gmax, counts + 2 * gmax};
+  dtl__ex_ctx x = {p,     mesh,         p->src.ndim,  es,          p->src.dtype,
+                   counts, counts + gmax, counts + 2 * gmax, counts + 3 * gmax, counts + 4 * gmax};
 
   dtl_comm *mc = mesh->comm;
   void *scr = NULL;

@@ -214,12 +214,16 @@ int main(int argc, char **argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world_size);
   int trials = argc > 1 ? atoi(argv[1]) : 8, nlayouts = argc > 2 ? atoi(argv[2]) : 6;
-  /* Default chunks, then 48-byte chunks so that small tensors take the chunked pack/unpack paths too. */
+  /* Default chunks, then 48-byte chunks so that small tensors take the chunked pack/unpack paths too; each on
+   * the MPI transport, then on it without its optional entries (all_to_allv_displs). */
   static const size_t chunks[] = {0, 48};
-  for (int ci = 0; ci < 2; ci++) {
+  for (int pass = 0; pass < 4; pass++) {
+    int ci = pass % 2;
+    tu_plain_transport = pass >= 2;
     dtl__executor_set_chunking(chunks[ci], chunks[ci] ? 2 : 0);
     small_chunks = chunks[ci] != 0;
-    if (world_rank == 0 && ci) printf("-- with %zu-byte chunks\n", chunks[ci]);
+    if (world_rank == 0 && pass) printf("-- with %s chunks%s\n", chunks[ci] == 48 ? "48-byte" : chunks[ci] ? "256-byte" : "default",
+             tu_plain_transport ? ", plain transport" : "");
     for (size_t i = 0; i < (size_t)tu_nmeshes; i++) {
       tu_mesh m;
       if (!tu_mesh_open_spec((int)i, &m)) continue;

@@ -9,6 +9,7 @@
 
 long tu_failures;
 tu_alloc_stats tu_allocs;
+bool tu_plain_transport;
 
 /* --- a transport that forwards to MPI and counts allocations ------------------------------------------- */
 static dtl_comm *in_(dtl_comm *c) { return (dtl_comm *)c->impl; }
@@ -43,6 +44,10 @@ static dtl_status w_all_to_all(dtl_comm *c, const void *s, void *r, size_t n, dt
 static dtl_status w_all_to_allv(dtl_comm *c, const void *s, const size_t *sc, void *r, const size_t *rc, dtl_dtype t) {
   return in_(c)->ops->all_to_allv(in_(c), s, sc, r, rc, t);
 }
+static dtl_status w_all_to_allv_displs(dtl_comm *c, const void *s, const size_t *sc, const size_t *sd, void *r,
+                                       const size_t *rc, const size_t *rd, dtl_dtype t) {
+  return in_(c)->ops->all_to_allv_displs(in_(c), s, sc, sd, r, rc, rd, t);
+}
 static dtl_status w_send(dtl_comm *c, const void *b, size_t n, dtl_dtype t, int p) { return in_(c)->ops->send(in_(c), b, n, t, p); }
 static dtl_status w_recv(dtl_comm *c, void *b, size_t n, dtl_dtype t, int p) { return in_(c)->ops->recv(in_(c), b, n, t, p); }
 static dtl_status w_barrier(dtl_comm *c) { return in_(c)->ops->barrier(in_(c)); }
@@ -63,24 +68,28 @@ static dtl_status w_fill(dtl_comm *c, void *d, size_t n, dtl_dtype t, dtl_reduce
 }
 static dtl_status w_copy_box(dtl_comm *c, const void *s, void *d, const dtl__box_copy *b) { return in_(c)->ops->copy_box(in_(c), s, d, b); }
 static dtl_status w_sync(dtl_comm *c) { return in_(c)->ops->synchronize(in_(c)); }
-static dtl_status w_wrap(dtl_comm *inner, dtl_comm **out);
+static dtl_status w_wrap(const dtl__comm_ops *ops, dtl_comm *inner, dtl_comm **out);
 static dtl_status w_split(dtl_comm *c, int color, int key, dtl_comm **out) {
   dtl_comm *n;
   dtl_status st = in_(c)->ops->split(in_(c), color, key, &n);
   if (st != DTL_OK) return st;
-  return w_wrap(n, out);
+  return w_wrap(c->ops, n, out);
 }
 static const dtl__comm_ops w_ops = {
     .name = "counting-mpi", .memory = DTL_MEMORY_HOST,
     .broadcast = w_broadcast, .scatter = w_scatter, .gather = w_gather, .reduce = w_reduce,
     .all_gather = w_all_gather, .all_gatherv = w_all_gatherv, .all_reduce = w_all_reduce,
     .reduce_scatter = w_reduce_scatter, .reduce_scatterv = w_reduce_scatterv, .all_to_all = w_all_to_all,
-    .all_to_allv = w_all_to_allv, .send = w_send, .recv = w_recv, .barrier = w_barrier, .split = w_split,
+    .all_to_allv = w_all_to_allv, .all_to_allv_displs = w_all_to_allv_displs, .send = w_send, .recv = w_recv, .barrier = w_barrier, .split = w_split,
     .check = w_check, .abort = w_abort, .destroy = w_destroy, .mem_alloc = w_mem_alloc, .mem_free = w_mem_free,
     .mem_copy = w_mem_copy, .mem_set = w_mem_set, .mem_fill_identity = w_fill, .copy_box = w_copy_box,
     .synchronize = w_sync,
 };
-static dtl_status w_wrap(dtl_comm *inner, dtl_comm **out) { return dtl__comm_new(&w_ops, inner->rank, inner->size, inner, out); }
+/* The same transport without its optional entries, as a transport that lacks them (NCCL) looks. */
+static dtl__comm_ops w_plain_ops;
+static dtl_status w_wrap(const dtl__comm_ops *ops, dtl_comm *inner, dtl_comm **out) {
+  return dtl__comm_new(ops, inner->rank, inner->size, inner, out);
+}
 
 /* --- meshes --------------------------------------------------------------------------------------------- */
 const tu_mesh_spec tu_meshes[] = {
@@ -108,8 +117,11 @@ int tu_mesh_open(int ndim, const int *shape, tu_mesh *m) {
   if (prod > size) return -1;
   MPI_Comm_split(MPI_COMM_WORLD, rank < prod ? 0 : MPI_UNDEFINED, rank, &m->mpi);
   if (m->mpi == MPI_COMM_NULL) return 0;
+  w_plain_ops = w_ops;
+  w_plain_ops.name = "counting-mpi-plain";
+  w_plain_ops.all_to_allv_displs = NULL;
   dtl_comm *inner;
-  if (dtl_comm_from_mpi(m->mpi, &inner) != DTL_OK || w_wrap(inner, &m->comm) != DTL_OK ||
+  if (dtl_comm_from_mpi(m->mpi, &inner) != DTL_OK || w_wrap(tu_plain_transport ? &w_plain_ops : &w_ops, inner, &m->comm) != DTL_OK ||
       dtl_mesh_create(m->comm, ndim, shape, &m->mesh) != DTL_OK) {
     fprintf(stderr, "tu_mesh_open: %s\n", dtl_last_error());
     return -1;

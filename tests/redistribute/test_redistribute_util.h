@@ -41,6 +41,9 @@ typedef struct {
   size_t bytes_max, bytes_total;
 } tu_alloc_stats;
 extern tu_alloc_stats tu_allocs;
+/* Meshes opened while this is set get the wrapped transport without its optional vtable entries (the
+ * executor then takes the paths a transport without them, such as NCCL, takes). */
+extern bool tu_plain_transport;
 
 /* Deterministic 64-bit mixing and a small PRNG. */
 uint64_t tu_hash(uint64_t a, uint64_t b);

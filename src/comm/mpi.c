@@ -137,10 +137,11 @@ static dtl_status dtl__int_count(const char *fn, size_t count, int *out) {
   return DTL_OK;
 }
 
-/* Converts per-rank counts to int counts and displacements (displs, or packed in rank order when NULL), into
- * k->counts (n counts then n displacements; with a second array, 4n ints). */
+/* Converts per-rank counts to int counts and displacements (displs, named displs_arg, or packed in rank order
+ * when NULL), into k->counts (n counts then n displacements; with a second array, 4n ints). */
 static dtl_status dtl__int_counts(dtl__mpi_call *k, const dtl_comm *c, const char *arg, const size_t *counts,
-                                  const size_t *displs, int slot, int **out_counts, int **out_displs) {
+                                  const char *displs_arg, const size_t *displs, int slot, int **out_counts,
+                                  int **out_displs) {
   size_t n = (size_t)c->size;
   if (!k->counts) {
     k->counts = malloc(sizeof(int) * n * 4);
@@ -153,6 +154,9 @@ static dtl_status dtl__int_counts(dtl__mpi_call *k, const dtl_comm *c, const cha
     if (counts[i] > (size_t)INT_MAX || off > (size_t)INT_MAX) {
       free(k->counts);
       k->counts = NULL;
+      if (displs && counts[i] <= (size_t)INT_MAX)
+        return dtl__error(DTL_ERR_UNSUPPORTED, "%s: %s[%d]=%zu exceeds INT_MAX, the largest displacement one MPI call "
+                          "takes", k->fn, displs_arg, i, off);
       return dtl__error(DTL_ERR_UNSUPPORTED, "%s: %s[%d]=%zu at element offset %zu exceeds INT_MAX, the largest count "
                         "or displacement one MPI call takes", k->fn, arg, i, counts[i], off);
     }
@@ -217,7 +221,7 @@ static dtl_status mpi_all_gather_call(dtl_comm *c, const void *send, void *recv,
 static dtl_status mpi_all_gatherv_call(dtl_comm *c, const void *send, size_t send_count, void *recv,
                                        const size_t *recv_counts, dtl_dtype t, dtl__mpi_call *k) {
   int *ic, *id;
-  DTL_TRY(dtl__int_counts(k, c, "recv_counts", recv_counts, NULL, 0, &ic, &id));
+  DTL_TRY(dtl__int_counts(k, c, "recv_counts", recv_counts, NULL, NULL, 0, &ic, &id));
   MPI_Datatype dt = dtl__mpi_type(t);
   MPI_Comm comm = dtl__mpi_of(c)->comm;
   const void *s = dtl__ptr_at(send, recv, (size_t)id[c->rank] * dtl_dtype_size(t)) ? MPI_IN_PLACE : send;
@@ -296,8 +300,8 @@ static bool dtl__a2av_in_place(const dtl_comm *c, const void *send, const size_t
 static dtl_status mpi_all_to_allv_call(dtl_comm *c, const void *send, const size_t *send_counts, void *recv,
                                        const size_t *recv_counts, dtl_dtype t, dtl__mpi_call *k) {
   int *sc, *sd, *rc, *rd;
-  DTL_TRY(dtl__int_counts(k, c, "send_counts", send_counts, NULL, 0, &sc, &sd));
-  DTL_TRY(dtl__int_counts(k, c, "recv_counts", recv_counts, NULL, 1, &rc, &rd));
+  DTL_TRY(dtl__int_counts(k, c, "send_counts", send_counts, NULL, NULL, 0, &sc, &sd));
+  DTL_TRY(dtl__int_counts(k, c, "recv_counts", recv_counts, NULL, NULL, 1, &rc, &rd));
   MPI_Datatype dt = dtl__mpi_type(t);
   MPI_Comm comm = dtl__mpi_of(c)->comm;
   const void *s = dtl__a2av_in_place(c, send, send_counts, recv, recv_counts) ? MPI_IN_PLACE : send;
@@ -332,7 +336,7 @@ static dtl_status mpi_reduce_scatterv(dtl_comm *c, const void *send, void *recv,
                                       dtl_reduce_op op) {
   dtl__mpi_call k = {.fn = "dtl_reduce_scatterv"};
   int *ic, *id;
-  DTL_TRY(dtl__int_counts(&k, c, "recv_counts", recv_counts, NULL, 0, &ic, &id));
+  DTL_TRY(dtl__int_counts(&k, c, "recv_counts", recv_counts, NULL, NULL, 0, &ic, &id));
   size_t es = dtl_dtype_size(t);
   const void *s;
   void *r;
@@ -359,8 +363,8 @@ static dtl_status mpi_all_to_allv_displs(dtl_comm *c, const void *send, const si
                                          const size_t *recv_displs, dtl_dtype t) {
   dtl__mpi_call k = {.fn = "dtl_all_to_allv_displs"};
   int *sc, *sd, *rc, *rd;
-  DTL_TRY(dtl__int_counts(&k, c, "send_counts", send_counts, send_displs, 0, &sc, &sd));
-  DTL_TRY(dtl__int_counts(&k, c, "recv_counts", recv_counts, recv_displs, 1, &rc, &rd));
+  DTL_TRY(dtl__int_counts(&k, c, "send_counts", send_counts, "send_displs", send_displs, 0, &sc, &sd));
+  DTL_TRY(dtl__int_counts(&k, c, "recv_counts", recv_counts, "recv_displs", recv_displs, 1, &rc, &rd));
   MPI_Datatype dt = dtl__mpi_type(t);
   return dtl__mpi_issued(&k, MPI_Alltoallv(send, sc, sd, dt, recv, rc, rd, dt, dtl__mpi_of(c)->comm));
 }

@@ -456,28 +456,25 @@ static dtl_status dtl__exchange(dtl_comm *c, bool even, const void *send, const 
   return c->ops->all_to_allv(c, send, sc, recv, rc, t);
 }
 
-/* The own block. With a transport that takes explicit displacements (all_to_allv_displs) a gather or
- * all-to-all that packs or unpacks leaves this rank's own block out of the exchange and copies it straight from
+/* The own block. On a transport that takes explicit displacements (all_to_allv_displs), a gather or all-to-all
+ * that packs or unpacks (scattered) leaves this rank's own block out of the exchange and copies it straight from
  * the input box into the output box: one strided copy instead of a copy into the pack or receive buffer, the
  * transport's local copy, and a copy out again. The group then uses all_to_allv_displs throughout (the choice
  * of collective must agree across it); each member skips its own block only when its input and output are
  * different buffers (a strided copy over an input of another shape would clobber it). Returns the rank whose
  * block is skipped, or -1. */
-static int dtl__own_block_direct(dtl_comm *c, bool displs, bool scattered, const void *in, const void *out) {
-  return displs && scattered && in != out ? c->rank : -1;
+static int dtl__own_block(dtl_comm *c, bool scattered, const void *in, const void *out) {
+  return scattered && in != out ? c->rank : -1;
 }
 
-/* Displacements of blocks in peer order, then drops block self (-1: none) from counts. A packed side (a pack or
- * receive buffer) holds the blocks back to back without self's; a side left in place holds all of them, so
- * its offsets count self's block too. */
-static void dtl__displs(int g, size_t *counts, size_t *displs, int self, bool packed) {
-  if (packed && self >= 0) counts[self] = 0;
+/* Drops block self (-1: none) from counts and sets the displacements of the others back to back in peer order. */
+static void dtl__packed_displs(int g, size_t *counts, size_t *displs, int self) {
+  if (self >= 0) counts[self] = 0;
   size_t off = 0;
   for (int k = 0; k < g; k++) {
     displs[k] = off;
     off += counts[k];
   }
-  if (self >= 0) counts[self] = 0;
 }
 
 /* all_to_allv_displs; like dtl__exchange, an empty side that shares the other side's pointer is passed as NULL. */
@@ -522,7 +519,7 @@ static dtl_status dtl__run_gather(const dtl__ex_ctx *x, const dtl__plan_step *s,
   int cd = e->cdim;
   int64_t rows = e->crows ? e->out_shape[cd] : 1, step = e->crows ? e->crows : 1;
   bool displs = c->ops->all_to_allv_displs != NULL;
-  int self = dtl__own_block_direct(c, displs, true, in, out);
+  int self = displs ? dtl__own_block(c, true, in, out) : -1;
   for (int64_t r0 = (rows - 1) / step * step; r0 >= 0; r0 -= step) {
     int64_t nr = rows - r0 < step ? rows - r0 : step;
     for (int k = 0; k < g; k++) x->cnt_c[k] = e->crows ? x->cnt_a[k] / (size_t)rows * (size_t)nr : x->cnt_a[k];
@@ -534,7 +531,7 @@ static dtl_status dtl__run_gather(const dtl__ex_ctx *x, const dtl__plan_step *s,
         x->cnt_b[k] = k == self ? 0 : n;
         x->dsp_a[k] = 0;
       }
-      dtl__displs(g, x->cnt_c, x->dsp_b, self, true);
+      dtl__packed_displs(g, x->cnt_c, x->dsp_b, self);
       DTL_TRY(dtl__exchange_displs(c, send, x->cnt_b, x->dsp_a, tmp, x->cnt_c, x->dsp_b, x->t));
     } else {
       DTL_TRY(dtl__gather(c, send, n, tmp, x->cnt_c, x->t));
@@ -624,15 +621,13 @@ static size_t dtl__a2a_piece(const dtl__ex_ctx *x, const dtl__plan_step *s, cons
   return ok ? dtl__box_count(nd, is) : 0;
 }
 
-/* Sets the send counts of chunk r0 and, when packing, packs the pieces into send in peer order, but for peer
- * self's (-1: none), which this rank copies itself. */
+/* Sets the send counts of chunk r0 and, when packing, packs the pieces into send in peer order. */
 static dtl_status dtl__a2a_pack(const dtl__ex_ctx *x, const dtl__plan_step *s, const dtl__ex_step *e, dtl_comm *c,
-                                int64_t r0, int self, const void *in, void *send) {
+                                int64_t r0, const void *in, void *send) {
   int64_t is[DTL_MAX_TENSOR_DIMS], io[DTL_MAX_TENSOR_DIMS];
   size_t off = 0;
   for (int k = 0; k < c->size; k++) {
     x->cnt_a[k] = dtl__a2a_piece(x, s, e, k, false, r0, is, io);
-    if (k == self) continue;
     if (e->pack && x->cnt_a[k]) {
       int64_t rel[DTL_MAX_TENSOR_DIMS];
       for (int d = 0; d < x->nd; d++) rel[d] = io[d] - e->in_off[d];
@@ -662,6 +657,84 @@ static dtl_status dtl__a2a_unpack(const dtl__ex_ctx *x, const dtl__plan_step *s,
   return DTL_OK;
 }
 
+/* Element offset of piece (ps, po) in the row-major box (bs, bo) when the piece is one contiguous run of it
+ * (extent 1 on every dim outside its outermost dim of extent > 1, the box's whole extent inside); false when not. */
+static bool dtl__run_offset(int nd, const int64_t *bs, const int64_t *bo, const int64_t *ps, const int64_t *po,
+                            size_t *offset) {
+  int d0 = 0;
+  while (d0 < nd - 1 && ps[d0] == 1) d0++;
+  for (int d = d0 + 1; d < nd; d++)
+    if (ps[d] != bs[d]) return false;
+  size_t off = 0;
+  for (int d = 0; d < nd; d++) off = off * (size_t)bs[d] + (size_t)(po[d] - bo[d]);
+  *offset = off;
+  return true;
+}
+
+/* One side of an all-to-all at explicit displacements, for chunk r0: the pieces this rank sends (recv false:
+ * pieces of the input box) or receives (recv true: of the output box), self's (-1: none) left out. They move in
+ * place, at displacements into the box, when each is one contiguous run of it and the box is not overlaid by
+ * the other side's (an input that the output overwrites must be packed away first; a side the step does not
+ * scatter moves in place as it always did); else back to back through a pack or receive buffer. Sets the
+ * counts and displacements (cnt_a/dsp_a or cnt_b/dsp_b); returns whether the side is in place. */
+static bool dtl__a2a_side(const dtl__ex_ctx *x, const dtl__plan_step *s, const dtl__ex_step *e, dtl_comm *c, int64_t r0,
+                          bool recv, int self, bool overlaid) {
+  size_t *cnt = recv ? x->cnt_b : x->cnt_a, *dsp = recv ? x->dsp_b : x->dsp_a;
+  const int64_t *bs = recv ? e->out_shape : e->in_shape, *bo = recv ? e->out_off : e->in_off;
+  int64_t is[DTL_MAX_TENSOR_DIMS], io[DTL_MAX_TENSOR_DIMS];
+  bool runs = true;
+  for (int k = 0; k < c->size; k++) {
+    cnt[k] = k == self ? 0 : dtl__a2a_piece(x, s, e, k, recv, r0, is, io);
+    dsp[k] = 0;
+    if (cnt[k] && !dtl__run_offset(x->nd, bs, bo, is, io, &dsp[k])) runs = false;
+  }
+  bool scattered = recv ? e->unpack : e->pack;
+  if (runs && (!scattered || !overlaid)) return true;
+  dtl__packed_displs(c->size, cnt, dsp, -1);
+  return false;
+}
+
+/* Packs the send pieces of chunk r0 back to back at their displacements in send (counts from dtl__a2a_side). */
+static dtl_status dtl__a2a_pack_displs(const dtl__ex_ctx *x, const dtl__plan_step *s, const dtl__ex_step *e,
+                                       dtl_comm *c, int64_t r0, const void *in, void *send) {
+  int64_t is[DTL_MAX_TENSOR_DIMS], io[DTL_MAX_TENSOR_DIMS], rel[DTL_MAX_TENSOR_DIMS];
+  for (int k = 0; k < c->size; k++) {
+    if (!x->cnt_a[k]) continue;
+    dtl__a2a_piece(x, s, e, k, false, r0, is, io);
+    for (int d = 0; d < x->nd; d++) rel[d] = io[d] - e->in_off[d];
+    dtl__box_copy b = dtl__box(x->nd, x->es, is, e->in_shape, rel, is, NULL);
+    DTL_TRY(c->ops->copy_box(c, in, dtl__at(send, x->dsp_a[k], x->es), &b));
+  }
+  return DTL_OK;
+}
+
+/* The all-to-all on a transport with all_to_allv_displs: each side moves in place where its pieces allow, and
+ * this rank's own piece is copied directly unless self < 0. Chunked (e->crows), through the two chunk regions
+ * of tmp; otherwise through tmp as the unchunked analysis sized it. */
+static dtl_status dtl__all_to_all_displs(const dtl__ex_ctx *x, const dtl__plan_step *s, const dtl__ex_step *e,
+                                         dtl_comm *c, int64_t rows, int self, const void *in, void *out, void *tmp) {
+  bool overlaid = in == out;
+  void *tsend = tmp, *trecv = e->crows ? dtl__at(tmp, e->tsend, x->es) : tmp;
+  for (int64_t r0 = 0; r0 < (e->crows ? rows : 1); r0 += e->crows ? e->crows : 1) {
+    bool sin = dtl__a2a_side(x, s, e, c, r0, false, self, overlaid);
+    bool rin = dtl__a2a_side(x, s, e, c, r0, true, self, overlaid);
+    if (!sin) DTL_TRY(dtl__a2a_pack_displs(x, s, e, c, r0, in, tsend));
+    /* Unchunked with both sides packed, tmp holds the send: the blocks arrive in the output, then move to tmp
+     * (free again once sent) to be placed. */
+    bool via_out = !rin && !sin && !e->crows;
+    void *recv = rin || via_out ? out : trecv;
+    DTL_TRY(dtl__exchange_displs(c, sin ? in : tsend, x->cnt_a, x->dsp_a, recv, x->cnt_b, x->dsp_b, x->t));
+    if (rin) continue;
+    if (via_out) {
+      size_t got = 0;
+      for (int k = 0; k < c->size; k++) got += x->cnt_b[k];
+      DTL_TRY(c->ops->mem_copy(c, tmp, out, got * x->es));
+    }
+    DTL_TRY(dtl__a2a_unpack(x, s, e, c, r0, trecv, out));
+  }
+  return self >= 0 ? dtl__copy_own(x, e, c, e->out_shape, e->out_off, in, out) : DTL_OK;
+}
+
 static dtl_status dtl__run_all_to_all(const dtl__ex_ctx *x, const dtl__plan_step *s, const dtl__ex_step *e, dtl_comm *c,
                                       const void *in, void *out, void *tmp) {
   int g = c->size, nd = x->nd;
@@ -686,46 +759,31 @@ static dtl_status dtl__run_all_to_all(const dtl__ex_ctx *x, const dtl__plan_step
     if (e->crows && e->cmode == 1 && ps[e->cdim] > rows) rows = ps[e->cdim];
   }
   if (total == 0) return DTL_OK; /* the group's box is empty on every member alike */
-  bool displs = c->ops->all_to_allv_displs != NULL && scattered;
-  int self = dtl__own_block_direct(c, displs, e->pack || e->unpack, in, out);
+  if (c->ops->all_to_allv_displs && scattered)
+    return dtl__all_to_all_displs(x, s, e, c, rows, dtl__own_block(c, e->pack || e->unpack, in, out), in, out, tmp);
   if (e->crows) {
     /* Chunk by chunk through two chunk regions; equal blocks stay equal in every chunk (same clipping). */
     void *tsend = tmp, *trecv = dtl__at(tmp, e->tsend, x->es);
     for (int64_t r0 = 0; r0 < rows; r0 += e->crows) {
-      DTL_TRY(dtl__a2a_pack(x, s, e, c, r0, self, in, tsend));
+      DTL_TRY(dtl__a2a_pack(x, s, e, c, r0, in, tsend));
       for (int k = 0; k < g; k++) x->cnt_b[k] = dtl__a2a_piece(x, s, e, k, true, r0, is, io);
-      if (displs) {
-        dtl__displs(g, x->cnt_a, x->dsp_a, self, true);
-        dtl__displs(g, x->cnt_b, x->dsp_b, self, true);
-        DTL_TRY(dtl__exchange_displs(c, tsend, x->cnt_a, x->dsp_a, trecv, x->cnt_b, x->dsp_b, x->t));
-      } else {
-        DTL_TRY(dtl__exchange(c, even, tsend, x->cnt_a, trecv, x->cnt_b, x->t));
-      }
+      DTL_TRY(dtl__exchange(c, even, tsend, x->cnt_a, trecv, x->cnt_b, x->t));
       DTL_TRY(dtl__a2a_unpack(x, s, e, c, r0, trecv, out));
     }
-    return self >= 0 ? dtl__copy_own(x, e, c, e->out_shape, e->out_off, in, out) : DTL_OK;
+    return DTL_OK;
   }
-  DTL_TRY(dtl__a2a_pack(x, s, e, c, 0, self, in, tmp));
+  DTL_TRY(dtl__a2a_pack(x, s, e, c, 0, in, tmp));
   for (int k = 0; k < g; k++) x->cnt_b[k] = dtl__a2a_piece(x, s, e, k, true, 0, is, io);
   const void *send = e->pack ? tmp : in;
-  /* Both sides scattered: the blocks arrive in the output, then move to tmp (free again once sent) to be placed. */
-  void *recv = e->unpack && !e->pack ? tmp : out;
-  if (displs) {
-    dtl__displs(g, x->cnt_a, x->dsp_a, self, e->pack);
-    dtl__displs(g, x->cnt_b, x->dsp_b, self, e->unpack);
-    DTL_TRY(dtl__exchange_displs(c, send, x->cnt_a, x->dsp_a, recv, x->cnt_b, x->dsp_b, x->t));
+  if (!e->unpack) return dtl__exchange(c, even, send, x->cnt_a, out, x->cnt_b, x->t);
+  if (e->pack) {
+    /* tmp still holds what is being sent: receive into the output, then move it to tmp to place it. */
+    DTL_TRY(dtl__exchange(c, even, send, x->cnt_a, out, x->cnt_b, x->t));
+    DTL_TRY(c->ops->mem_copy(c, tmp, out, e->b * x->es));
   } else {
-    DTL_TRY(dtl__exchange(c, even, send, x->cnt_a, recv, x->cnt_b, x->t));
+    DTL_TRY(dtl__exchange(c, even, send, x->cnt_a, tmp, x->cnt_b, x->t));
   }
-  if (e->unpack) {
-    if (e->pack) {
-      size_t got = 0;
-      for (int k = 0; k < g; k++) got += x->cnt_b[k];
-      DTL_TRY(c->ops->mem_copy(c, tmp, out, got * x->es));
-    }
-    DTL_TRY(dtl__a2a_unpack(x, s, e, c, 0, tmp, out));
-  }
-  return self >= 0 ? dtl__copy_own(x, e, c, e->out_shape, e->out_off, in, out) : DTL_OK;
+  return dtl__a2a_unpack(x, s, e, c, 0, tmp, out);
 }
 
 static dtl_status dtl__run_step(const dtl__ex_ctx *x, int k, const dtl__ex_step *e, const void *in, void *out, void *tmp) {
@@ -798,8 +856,8 @@ dtl_status dtl_plan_execute(const dtl_plan *p, const void *src_local, void *dst_
   size_t small[5 * 64], *counts = small;
   if (gmax > 64 && !(counts = malloc(sizeof(size_t) * 5 * (size_t)gmax)))
     return dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory");
-  dtl__ex_ctx x = {p,     mesh,         p->src.ndim,  es,          p->src.dtype,
-                   counts, counts + gmax, counts + 2 * gmax, counts + 3 * gmax, counts + 4 * gmax};
+  dtl__ex_ctx x = {p, mesh, p->src.ndim, es, p->src.dtype, counts, counts + gmax, counts + 2 * gmax,
+                   counts + 3 * gmax, counts + 4 * gmax};
 
   dtl_comm *mc = mesh->comm;
   void *scr = NULL;

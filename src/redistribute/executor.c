@@ -536,23 +536,26 @@ static dtl_status dtl__run_gather(const dtl__ex_ctx *x, const dtl__plan_step *s,
     } else {
       DTL_TRY(dtl__gather(c, send, n, tmp, x->cnt_c, x->t));
     }
+    /* Placed in peer order; this rank's own rows of the chunk come straight from its input when it skipped them. */
     size_t off = 0;
     for (int k = 0; k < g; k++) {
-      if (x->cnt_c[k]) {
+      if (k == self ? n : x->cnt_c[k]) {
         dtl__peer_box(x, s, 0, k, bs, bo);
-        int64_t rel[DTL_MAX_TENSOR_DIMS];
+        int64_t rel[DTL_MAX_TENSOR_DIMS], first[DTL_MAX_TENSOR_DIMS] = {0};
         for (int d = 0; d < nd; d++) rel[d] = bo[d] - e->out_off[d];
         if (e->crows) {
           bs[cd] = nr;
           rel[cd] += r0;
+          first[cd] = r0;
         }
-        dtl__box_copy b = dtl__box(nd, x->es, bs, bs, NULL, e->out_shape, rel);
-        DTL_TRY(c->ops->copy_box(c, dtl__at(tmp, off, x->es), out, &b));
+        dtl__box_copy b = k == self ? dtl__box(nd, x->es, bs, e->in_shape, first, e->out_shape, rel)
+                                    : dtl__box(nd, x->es, bs, bs, NULL, e->out_shape, rel);
+        DTL_TRY(c->ops->copy_box(c, k == self ? in : dtl__at(tmp, off, x->es), out, &b));
       }
       off += x->cnt_c[k];
     }
   }
-  return self >= 0 ? dtl__copy_own(x, e, c, e->in_shape, e->in_off, in, out) : DTL_OK;
+  return DTL_OK;
 }
 
 static dtl_status dtl__run_reduce_scatter(const dtl__ex_ctx *x, const dtl__plan_step *s, const dtl__ex_step *e,

@@ -299,7 +299,8 @@ int main(int argc, char **argv) {
     tu_plain_transport = pass >= 3;
     dtl__executor_set_chunking(chunks[ci], chunks[ci] ? 2 : 0);
     small_chunks = chunks[ci] != 0;
-    if (world_rank == 0 && pass) printf("-- with %s chunks%s\n", chunks[ci] == 48 ? "48-byte" : chunks[ci] ? "256-byte" : "default",
+    if (world_rank == 0 && pass)
+      printf("-- with %s chunks%s\n", chunks[ci] == 48 ? "48-byte" : chunks[ci] ? "256-byte" : "default",
              tu_plain_transport ? ", plain transport" : "");
     for (size_t i = 0; i < (size_t)tu_nmeshes; i++) {
       tu_mesh m;

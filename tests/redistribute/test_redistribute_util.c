@@ -80,7 +80,8 @@ static const dtl__comm_ops w_ops = {
     .broadcast = w_broadcast, .scatter = w_scatter, .gather = w_gather, .reduce = w_reduce,
     .all_gather = w_all_gather, .all_gatherv = w_all_gatherv, .all_reduce = w_all_reduce,
     .reduce_scatter = w_reduce_scatter, .reduce_scatterv = w_reduce_scatterv, .all_to_all = w_all_to_all,
-    .all_to_allv = w_all_to_allv, .all_to_allv_displs = w_all_to_allv_displs, .send = w_send, .recv = w_recv, .barrier = w_barrier, .split = w_split,
+    .all_to_allv = w_all_to_allv, .send = w_send, .recv = w_recv, .barrier = w_barrier, .split = w_split,
+    .all_to_allv_displs = w_all_to_allv_displs,
     .check = w_check, .abort = w_abort, .destroy = w_destroy, .mem_alloc = w_mem_alloc, .mem_free = w_mem_free,
     .mem_copy = w_mem_copy, .mem_set = w_mem_set, .mem_fill_identity = w_fill, .copy_box = w_copy_box,
     .synchronize = w_sync,
@@ -121,7 +122,8 @@ int tu_mesh_open(int ndim, const int *shape, tu_mesh *m) {
   w_plain_ops.name = "counting-mpi-plain";
   w_plain_ops.all_to_allv_displs = NULL;
   dtl_comm *inner;
-  if (dtl_comm_from_mpi(m->mpi, &inner) != DTL_OK || w_wrap(tu_plain_transport ? &w_plain_ops : &w_ops, inner, &m->comm) != DTL_OK ||
+  if (dtl_comm_from_mpi(m->mpi, &inner) != DTL_OK ||
+      w_wrap(tu_plain_transport ? &w_plain_ops : &w_ops, inner, &m->comm) != DTL_OK ||
       dtl_mesh_create(m->comm, ndim, shape, &m->mesh) != DTL_OK) {
     fprintf(stderr, "tu_mesh_open: %s\n", dtl_last_error());
     return -1;

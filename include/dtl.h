@@ -11,5 +11,6 @@
 #include "dtl/mesh.h"
 #include "dtl/layout.h"
 #include "dtl/plan.h"
+#include "dtl/moe.h"
 
 #endif

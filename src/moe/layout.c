@@ -281,7 +281,8 @@ static dtl_status dtl__build_maps(dtl_moe_layout *L, const dtl_moe_placement *p,
       int64_t pair = r->perm[i], tok = pair / k, dst = base + (i - r->start[e]);
       L->slot_row[pair] = dst;
       dtl__moe_run *last = L->npack ? &L->pack[L->npack - 1] : NULL;
-      if (last && last->src + last->n == tok && last->dst + last->n == dst)
+      /* A run may span segments but never the border between the staging and the expert buffer. */
+      if (last && last->src + last->n == tok && last->dst + last->n == dst && dst != L->send_rows)
         last->n++;
       else
         L->pack[L->npack++] = (dtl__moe_run){tok, dst, 1};

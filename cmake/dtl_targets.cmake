@@ -8,7 +8,7 @@ set(DTL_MPIEXEC ${MPIEXEC_EXECUTABLE} --oversubscribe --bind-to none)
 set(DTL_MPI_ENV OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
     OMPI_MCA_btl=self,vader)
 if(DTL_SANITIZE)
-  list(APPEND DTL_MPI_ENV "ASAN_OPTIONS=detect_leaks=0:abort_on_error=0" "UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1")
+  list(APPEND DTL_MPI_ENV "ASAN_OPTIONS=detect_leaks=0:abort_on_error=0:protect_shadow_gap=0" "UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1")
 endif()
 
 # dtl_program(NAME SOURCES...): an example, benchmark or tool, linked as a user would link it: against the

@@ -22,8 +22,10 @@ DTL_API dtl_placement dtl_replicate(void);
 DTL_API dtl_placement dtl_partial(dtl_reduce_op op);
 
 /* Parses a comma list such as "S(0),R", "S0, S1", "P", "P(avg)", "R,P(max)". Entries: R, S(d) or Sd
- * (d may be negative), P (= P(sum)) or P(op). Writes *count entries into out (at most max); a list longer
- * than max, or malformed text, is DTL_ERR_INVALID_ARGUMENT and writes nothing. */
+ * (d an int, may be negative; its range is checked by dtl_layout_create), P (= P(sum)) or P(op) with op
+ * sum, prod, max, min or avg; blanks around entries are ignored. Writes *count entries into out (at most
+ * max >= 1); a list longer than max, or malformed text (empty entries and stray commas included), is
+ * DTL_ERR_INVALID_ARGUMENT with a message naming the entry and its offset, and writes nothing. */
 DTL_API dtl_status dtl_placements_parse(const char *text, dtl_placement *out, int max, int *count);
 /* Writes "S(0),R,P(sum)". If cap is too small: DTL_ERR_INVALID_ARGUMENT and the message names the size needed. */
 DTL_API dtl_status dtl_placements_format(const dtl_placement *p, int count, char *buf, size_t cap);
@@ -48,9 +50,18 @@ DTL_API int dtl_layout_ndim(const dtl_layout *l);
 DTL_API void dtl_layout_global_shape(const dtl_layout *l, int64_t *shape);
 /* Normalised placements (shard dims non-negative), one per mesh dim. */
 DTL_API void dtl_layout_placements(const dtl_layout *l, dtl_placement *out);
-/* Draws which mesh coordinates hold which block of a 1-D or 2-D tensor as a text grid. If cap is too
- * small: DTL_ERR_INVALID_ARGUMENT, nothing written, and the message names the size needed, which
- * dtl_layout_visualize_needed also returns (bytes including the terminating NUL; 0 when l is invalid). */
+/* One line, "f32[8,6] mesh=2x4 placements=S(0),R" (normalised placements), for messages and tools. If cap
+ * is too small: DTL_ERR_INVALID_ARGUMENT, nothing written, and the message names the size needed. */
+DTL_API dtl_status dtl_layout_format(const dtl_layout *l, char *buf, size_t cap);
+/* Draws which mesh coordinates hold which block of a 1-D or 2-D tensor as a text grid: a header (the
+ * dtl_layout_format line), one line per Partial mesh dim, a table whose rows (1-D: index ranges; 2-D:
+ * row ranges x column ranges) are the distinct non-empty blocks, each cell naming the coordinate that
+ * holds it (with * on the mesh dims that do not shard) and the ranks, then the empty shards. The text
+ * depends on the layout only (not on the calling rank) and works on abstract meshes. 0-d and 3-d or
+ * larger tensors, and meshes over 65536 ranks, are DTL_ERR_UNSUPPORTED. If cap is too small:
+ * DTL_ERR_INVALID_ARGUMENT, nothing written, and the message names the size needed, which
+ * dtl_layout_visualize_needed also returns (bytes including the terminating NUL; 0 when l is invalid or
+ * cannot be drawn). */
 DTL_API dtl_status dtl_layout_visualize(const dtl_layout *l, char *buf, size_t cap);
 DTL_API size_t dtl_layout_visualize_needed(const dtl_layout *l);
 DTL_API void dtl_layout_destroy(dtl_layout *l);

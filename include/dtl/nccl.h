@@ -1,5 +1,41 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* The NCCL backend: collectives on CUDA device memory, enqueued on one stream per communicator. */
+/* The NCCL backend: collectives on CUDA device memory, enqueued on one stream per communicator.
+ *
+ * Memory. Every buffer passed to a collective of an NCCL communicator is CUDA device memory (or managed
+ * memory) of the communicator's device. Host pointers are not detected up front: they fail asynchronously,
+ * and the failure surfaces as DTL_ERR_CUDA from dtl_comm_check, dtl_barrier or the next call that waits.
+ *
+ * Streams. A call makes the communicator's device current (restoring the caller's on return), enqueues its
+ * work on the communicator's stream and returns without waiting: the results are ready once the stream
+ * has been synchronized (cudaStreamSynchronize(dtl_comm_nccl_stream(c))) or after dtl_barrier, which
+ * waits for everything enqueued before it. Buffers must stay allocated until then. Work the caller enqueues
+ * on the same stream is ordered with dtl's for free; work on other streams needs the caller's events.
+ * Communicators made by dtl_comm_split (and so every mesh sub-communicator) share their parent's stream,
+ * so that the steps of one redistribution stay in order. The stream must outlive the dtl_comm and its
+ * children. Scratch memory comes from the device's default stream-ordered pool (cudaMallocAsync).
+ *
+ * Engine mapping. broadcast, reduce, all_gather, all_reduce and reduce_scatter are the NCCL collectives.
+ * scatter, gather, all_to_all and all_to_allv are one NCCL group of ncclSend/ncclRecv (zero counts
+ * skipped; the own block is a device copy, none when in place). Uneven all-gather (dtl_all_gatherv) is
+ * grouped send/recv too, not padding: each rank sends its block to every peer, so no scratch memory and
+ * no bytes beyond the real blocks; equal counts take ncclAllGather. Uneven reduce-scatter is one group of
+ * ncclReduce calls, one rooted at each block's owner; equal counts take ncclReduceScatter.
+ * DTL_AVG is ncclAvg for floating types (NCCL pre-multiplies by 1/size, so rounding may differ from the
+ * MPI backend in the last bit); for integer types it is an exact ncclSum followed by a division kernel
+ * that truncates toward zero, as on MPI. dtl_send/dtl_recv to the own rank return DTL_ERR_UNSUPPORTED
+ * (NCCL does not buffer; it would never complete). In-place all-to-all is DTL_ERR_INVALID_ARGUMENT.
+ * Counts that disagree between ranks cannot be detected by NCCL and are undefined behaviour (a hang).
+ *
+ * Errors. Every collective first polls ncclCommGetAsyncError; an asynchronous error (a failed peer, a
+ * network error) is returned as DTL_ERR_COMM with ncclGetLastError's text, as are synchronous NCCL errors.
+ * CUDA failures are DTL_ERR_CUDA with the runtime's message. dtl_barrier waits by polling both the stream
+ * and NCCL's error state (yielding the CPU between polls), so a failure there returns instead of hanging.
+ * On a non-blocking ncclComm_t (ncclConfig_t.blocking = 0) each call waits until NCCL has finished
+ * enqueuing (ncclInProgress settles).
+ * After an error, dtl_comm_abort stops outstanding work: it calls ncclCommAbort on the NCCL communicator,
+ * which FREES it, even when it is the caller's: the caller must then neither use nor destroy that
+ * ncclComm_t (dtl_comm_destroy is still needed and does not touch it). Aborting a communicator does not
+ * abort the communicators split from it; abort each (dtl_mesh_destroy destroys them). */
 #ifndef DTL_NCCL_H
 #define DTL_NCCL_H
 
@@ -11,12 +47,18 @@
 extern "C" {
 #endif
 
-/* Wraps comm; all work is enqueued on stream. The calls return once the work is enqueued and errors
- * that NCCL reports synchronously are checked; asynchronous errors surface from dtl_comm_check and from
- * every later call. The ncclComm_t stays the caller's (dtl_comm_destroy does not destroy it). */
+/* Wraps comm; all work is enqueued on stream (0 = the legacy default stream), which must belong to the
+ * comm's device. The ncclComm_t stays the caller's: dtl_comm_destroy does not destroy it (but
+ * dtl_comm_abort does, see above). Communicators split from the result are dtl's and are destroyed by
+ * dtl_comm_destroy. */
 DTL_API dtl_status dtl_comm_from_nccl(ncclComm_t comm, cudaStream_t stream, dtl_comm **out);
+/* The stream of an NCCL communicator; NULL for NULL or a communicator of another backend. */
 DTL_API cudaStream_t dtl_comm_nccl_stream(const dtl_comm *c);
-/* Whether this process can see a CUDA device (0 when none, or when dtl was built without CUDA). */
+/* The NCCL communicator underneath (the caller's, or one dtl made by splitting); NULL for NULL, another
+ * backend, or after dtl_comm_abort. */
+DTL_API ncclComm_t dtl_comm_nccl_handle(const dtl_comm *c);
+/* How many CUDA devices this process can see (0 when there are none or cudaGetDeviceCount fails).
+ * Only in a build with CUDA, like this header. */
 DTL_API int dtl_cuda_device_count(void);
 
 #ifdef __cplusplus

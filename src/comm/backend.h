@@ -7,6 +7,10 @@
 
 #include "common/internal.h"
 
+#ifdef __cplusplus
+extern "C" { /* device_memory.cu includes this file */
+#endif
+
 /* An N-d sub-box copy between two row-major arrays: dst[dst_off + i] = src[src_off + i] for every index i
  * inside extent. Both arrays have ndim dims. Used for pack/unpack, local slicing and layout conversion. */
 typedef struct {
@@ -73,5 +77,9 @@ dtl_status dtl__host_fill_identity(void *dst, size_t count, dtl_dtype t, dtl_red
 
 /* Allocates a dtl_comm around impl (the backend fills the rest). */
 dtl_status dtl__comm_new(const dtl__comm_ops *ops, int rank, int size, void *impl, dtl_comm **out);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -11,6 +11,10 @@
 #include <stddef.h>
 #include "dtl.h"
 
+#ifdef __cplusplus
+extern "C" { /* device_memory.cu includes this file */
+#endif
+
 #if defined(__GNUC__)
 #define DTL__PRINTF(a, b) __attribute__((format(printf, a, b)))
 #else
@@ -62,5 +66,9 @@ void dtl__log(dtl__log_level lvl, const char *subsys, const char *fmt, ...) DTL_
   do {                                                                      \
     if (dtl__log_enabled(lvl)) dtl__log((lvl), (subsys), __VA_ARGS__);      \
   } while (0)
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -10,10 +10,12 @@ dtl_placement dtl_replicate(void) { return (dtl_placement){DTL_REPLICATE, 0, DTL
 dtl_placement dtl_partial(dtl_reduce_op op) { return (dtl_placement){DTL_PARTIAL, 0, op}; }
 
 void dtl__chunk(int64_t n, int k, int i, int64_t *offset, int64_t *size) {
-  int64_t c = (n + k - 1) / k; /* torch.chunk: ceil(n / k) per chunk, the tail takes what is left */
-  int64_t lo = c * i, hi = lo + c;
+  /* torch.chunk: ceil(n / k) per chunk, the tail takes what is left. Written without n + k - 1 and
+   * without an unchecked c * i so that dims near INT64_MAX (legal for i8 tensors) cannot overflow. */
+  int64_t c = n / k + (n % k != 0);
+  int64_t lo = (c == 0 || i > n / c) ? n : c * i;
   if (lo > n) lo = n;
-  if (hi > n) hi = n;
+  int64_t hi = (c > n - lo) ? n : lo + c;
   *offset = lo;
   *size = hi - lo;
 }
@@ -61,6 +63,7 @@ static dtl_status dtl__layout_init(dtl_layout *l, const char *fn, const dtl_mesh
     switch (p.kind) {
       case DTL_REPLICATE: p = dtl_replicate(); break;
       case DTL_SHARD: {
+        DTL_CHECK_ARG(ndim > 0, fn, "placements[%d]=S(%d) but a 0-d tensor has no dim to shard", md, p.dim);
         int d = p.dim < 0 ? p.dim + ndim : p.dim;
         DTL_CHECK_ARG(d >= 0 && d < ndim, fn, "placements[%d]=S(%d) is out of range for a %d-d tensor (expected %d..%d)",
                       md, p.dim, ndim, -ndim, ndim - 1);
@@ -147,7 +150,8 @@ void dtl_layout_placements(const dtl_layout *l, dtl_placement *out) {
 
 void dtl_layout_destroy(dtl_layout *l) { free(l); }
 
-/* FNV-1a over the fields that define a layout (the mesh by identity and shape). */
+/* FNV-1a over the fields that define a layout. The mesh enters by its shape only (not its address), so
+ * that every rank computes the same hash for a DTL_CHECK fingerprint; equality also compares identity. */
 uint64_t dtl__layout_hash(const dtl_layout *l) {
   uint64_t h = 1469598103934665603ull;
 #define DTL__MIX(v)                 \

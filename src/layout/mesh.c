@@ -10,16 +10,25 @@ static void dtl__mesh_coord_of_rank(const dtl_mesh *m, int rank, int *coord) {
   }
 }
 
-/* Checks ndim and shape; *prod gets the product (capped once it passes INT_MAX). */
+/* "2x3x4", for messages; ndim is at most DTL_MAX_MESH_DIMS, so 64 bytes always suffice. */
+static const char *dtl__mesh_shape_text(int ndim, const int *shape, char txt[64]) {
+  int o = 0;
+  for (int d = 0; d < ndim; d++) o += snprintf(txt + o, 64 - (size_t)o, d ? "x%d" : "%d", shape[d]);
+  return txt;
+}
+
+/* Checks ndim and shape; *prod gets the product of the shape. */
 static dtl_status dtl__mesh_check_shape(const char *fn, int ndim, const int *shape, int64_t *prod) {
   DTL_CHECK_ARG(ndim >= 1 && ndim <= DTL_MAX_MESH_DIMS, fn, "ndim=%d (expected 1..%d)", ndim, DTL_MAX_MESH_DIMS);
   DTL_CHECK_ARG(shape != NULL, fn, "shape=NULL");
   int64_t p = 1;
   for (int d = 0; d < ndim; d++) {
     DTL_CHECK_ARG(shape[d] >= 1, fn, "shape[%d]=%d (expected >= 1)", d, shape[d]);
-    if (p <= INT32_MAX) p *= shape[d];
+    if (p <= INT32_MAX) p *= shape[d]; /* stops growing once too large, so it cannot overflow int64 */
   }
-  DTL_CHECK_ARG(p <= INT32_MAX, fn, "shape has more than %d ranks", INT32_MAX);
+  char txt[64];
+  DTL_CHECK_ARG(p <= INT32_MAX, fn, "shape=%s has more than %d ranks", dtl__mesh_shape_text(ndim, shape, txt),
+                INT32_MAX);
   *prod = p;
   return DTL_OK;
 }
@@ -53,10 +62,8 @@ dtl_status dtl_mesh_create(dtl_comm *c, int ndim, const int *shape, dtl_mesh **o
   DTL_TRY(dtl__mesh_check_shape(fn, ndim, shape, &prod));
   if (prod != dtl_comm_size(c)) {
     char txt[64];
-    int o = 0;
-    for (int d = 0; d < ndim && o < 48; d++) o += snprintf(txt + o, sizeof txt - (size_t)o, d ? "x%d" : "%d", shape[d]);
-    return dtl__error(DTL_ERR_INVALID_ARGUMENT, "%s: shape=%s has %lld ranks but the communicator has %d", fn, txt,
-                      (long long)prod, dtl_comm_size(c));
+    return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "shape=%s has %lld ranks but the communicator has %d",
+                         dtl__mesh_shape_text(ndim, shape, txt), (long long)prod, dtl_comm_size(c));
   }
   dtl_mesh *m = calloc(1, sizeof *m);
   if (!m) return dtl__error(DTL_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);

@@ -1,0 +1,187 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Meshes over MPI_COMM_WORLD: for every ordered factorisation of the world size into 1-4 dims, each rank's
+ * coordinate is its row-major position, each mesh-dim communicator has the dim's size and ranks its
+ * members by that coordinate, and an all-gather of world ranks over it returns exactly the ranks that
+ * differ only on that dim. Bad shapes fail on every rank with a message naming the shape and sizes. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "layout/layout_internal.h"
+#include "dtl/mpi.h"
+
+static int world_rank, world_size, failures;
+
+#define CHECK(cond, ...)                                                            \
+  do {                                                                              \
+    if (!(cond)) {                                                                  \
+      failures++;                                                                   \
+      fprintf(stderr, "[rank %d] %s:%d: ", world_rank, __FILE__, __LINE__);         \
+      fprintf(stderr, __VA_ARGS__);                                                 \
+      fputc('\n', stderr);                                                          \
+    }                                                                               \
+  } while (0)
+
+static const char *shape_text(int ndim, const int *shape) {
+  static char txt[64];
+  int o = 0;
+  for (int d = 0; d < ndim; d++) o += snprintf(txt + o, sizeof txt - (size_t)o, d ? "x%d" : "%d", shape[d]);
+  return txt;
+}
+
+/* The coordinate of rank r found by counting through the mesh in row-major order (last dim fastest). */
+static void counted_coord(int ndim, const int *shape, int r, int *c) {
+  for (int d = 0; d < ndim; d++) c[d] = 0;
+  for (int k = 0; k < r; k++)
+    for (int d = ndim - 1; d >= 0; d--) {
+      if (++c[d] < shape[d]) break;
+      c[d] = 0;
+    }
+}
+
+static int counted_rank(int ndim, const int *shape, const int *c) {
+  for (int r = 0; r < world_size; r++) {
+    int rc[DTL_MAX_MESH_DIMS];
+    counted_coord(ndim, shape, r, rc);
+    if (memcmp(rc, c, sizeof(int) * (size_t)ndim) == 0) return r;
+  }
+  return -1;
+}
+
+static void check_mesh(dtl_comm *world, int ndim, const int *shape) {
+  const char *txt = shape_text(ndim, shape);
+  dtl_mesh *m = NULL;
+  dtl_status st = dtl_mesh_create(world, ndim, shape, &m);
+  CHECK(st == DTL_OK, "mesh %s: %s", txt, dtl_last_error());
+  if (st != DTL_OK) return;
+  CHECK(dtl_mesh_ndim(m) == ndim, "mesh %s: ndim %d", txt, dtl_mesh_ndim(m));
+  CHECK(dtl_mesh_size(m) == world_size, "mesh %s: size %d", txt, dtl_mesh_size(m));
+  CHECK(dtl_mesh_is_abstract(m) == 0, "mesh %s: reports abstract", txt);
+  CHECK(dtl_mesh_comm(m) == world, "mesh %s: mesh comm is not the one given", txt);
+  int want[DTL_MAX_MESH_DIMS], got[DTL_MAX_MESH_DIMS];
+  counted_coord(ndim, shape, world_rank, want);
+  dtl_mesh_coord(m, got);
+  for (int d = 0; d < ndim; d++) {
+    CHECK(dtl_mesh_dim_size(m, d) == shape[d], "mesh %s: dim %d size %d", txt, d, dtl_mesh_dim_size(m, d));
+    CHECK(got[d] == want[d], "mesh %s: coord[%d]=%d, expected %d", txt, d, got[d], want[d]);
+  }
+  int back = -1;
+  CHECK(dtl_mesh_rank_of(m, want, &back) == DTL_OK && back == world_rank, "mesh %s: rank_of gives %d", txt, back);
+
+  for (int d = 0; d < ndim; d++) {
+    dtl_comm *dc = dtl_mesh_dim_comm(m, d);
+    CHECK(dc != NULL, "mesh %s: dim %d has no communicator", txt, d);
+    if (!dc) continue;
+    CHECK(dtl_comm_size(dc) == shape[d], "mesh %s: dim %d comm size %d, expected %d", txt, d, dtl_comm_size(dc), shape[d]);
+    CHECK(dtl_comm_rank(dc) == want[d], "mesh %s: dim %d comm rank %d, expected coord %d", txt, d, dtl_comm_rank(dc), want[d]);
+    /* Along dim d: the world ranks whose coordinates equal ours except on d, in the order of coord d. */
+    int32_t mine = world_rank, all[65];
+    for (int j = 0; j < 65; j++) all[j] = -1;
+    st = dtl_all_gather(dc, &mine, all, 1, DTL_INT32);
+    CHECK(st == DTL_OK, "mesh %s: all-gather on dim %d: %s", txt, d, dtl_last_error());
+    for (int j = 0; j < shape[d]; j++) {
+      int c[DTL_MAX_MESH_DIMS];
+      memcpy(c, want, sizeof c);
+      c[d] = j;
+      int expect = counted_rank(ndim, shape, c);
+      CHECK(all[j] == expect, "mesh %s: dim %d member %d is world rank %d, expected %d", txt, d, j, all[j], expect);
+    }
+    CHECK(all[shape[d]] == -1, "mesh %s: dim %d all-gather wrote past %d entries", txt, d, shape[d]);
+  }
+  CHECK(dtl_mesh_dim_comm(m, ndim) == NULL && dtl_mesh_dim_comm(m, -1) == NULL, "mesh %s: dim comm out of range", txt);
+
+  /* A layout on the live mesh answers this rank's box like the same coordinate asked explicitly. */
+  dtl_placement p[DTL_MAX_MESH_DIMS];
+  for (int d = 0; d < ndim; d++) p[d] = d % 2 ? dtl_replicate() : dtl_shard(0);
+  const int64_t gshape[2] = {2 * world_size + 1, 3};
+  dtl_layout *l;
+  st = dtl_layout_create(m, DTL_FLOAT32, 2, gshape, p, &l);
+  CHECK(st == DTL_OK, "mesh %s: layout: %s", txt, dtl_last_error());
+  if (st == DTL_OK) {
+    int64_t s0[2], o0[2], s1[2], o1[2];
+    dtl_layout_local_box(l, NULL, s0, o0);
+    dtl_layout_local_box(l, want, s1, o1);
+    CHECK(s0[0] == s1[0] && o0[0] == o1[0] && s0[1] == 3, "mesh %s: own box differs from the explicit one", txt);
+    CHECK(dtl_layout_local_count(l) == (size_t)(s1[0] * s1[1]), "mesh %s: local count", txt);
+    dtl_layout_destroy(l);
+  }
+  dtl_mesh_destroy(m);
+}
+
+/* Every ordered factorisation of world_size into ndim factors (>= 1 each). */
+static int check_factorisations(dtl_comm *world, int ndim, int d, int rest, int *shape) {
+  if (d == ndim - 1) {
+    shape[d] = rest;
+    check_mesh(world, ndim, shape);
+    return 1;
+  }
+  int n = 0;
+  for (int f = 1; f <= rest; f++)
+    if (rest % f == 0) {
+      shape[d] = f;
+      n += check_factorisations(world, ndim, d + 1, rest / f, shape);
+    }
+  return n;
+}
+
+static void expect_reject(dtl_comm *world, int ndim, const int *shape, const char *need1, const char *need2) {
+  dtl_mesh *m = (dtl_mesh *)0x5a5a;
+  dtl_status st = dtl_mesh_create(world, ndim, shape, &m);
+  CHECK(st == DTL_ERR_INVALID_ARGUMENT, "ndim=%d: %s, expected DTL_ERR_INVALID_ARGUMENT", ndim, dtl_status_name(st));
+  CHECK(m == (dtl_mesh *)0x5a5a, "ndim=%d: out was written on failure", ndim);
+  const char *msg = dtl_last_error();
+  CHECK(strstr(msg, "dtl_mesh_create") && strstr(msg, need1) && (!need2 || strstr(msg, need2)),
+        "message \"%s\" lacks \"%s\" / \"%s\"", msg, need1, need2 ? need2 : "");
+}
+
+static void check_bad_input(dtl_comm *world) {
+  char a[96], b[96];
+  int one_more[1] = {world_size + 1};
+  snprintf(a, sizeof a, "shape=%d has %d ranks", world_size + 1, world_size + 1);
+  snprintf(b, sizeof b, "the communicator has %d", world_size);
+  expect_reject(world, 1, one_more, a, b);
+  int doubled[2] = {2, world_size};
+  snprintf(a, sizeof a, "shape=2x%d has %d ranks", world_size, 2 * world_size);
+  expect_reject(world, 2, doubled, a, b);
+  if (world_size > 1) {
+    int fewer[3] = {1, 1, world_size - 1};
+    snprintf(a, sizeof a, "shape=1x1x%d has %d ranks", world_size - 1, world_size - 1);
+    expect_reject(world, 3, fewer, a, b);
+  }
+  int ones[5] = {1, 1, 1, 1, 1};
+  int full[5] = {world_size, 1, 1, 1, 1};
+  expect_reject(world, 0, full, "ndim=0 (expected 1..4)", NULL);
+  expect_reject(world, 5, ones, "ndim=5 (expected 1..4)", NULL);
+  expect_reject(world, 5, full, "ndim=5 (expected 1..4)", NULL);
+  expect_reject(world, -1, full, "ndim=-1", NULL);
+  int zero[2] = {world_size, 0};
+  expect_reject(world, 2, zero, "shape[1]=0 (expected >= 1)", NULL);
+  expect_reject(world, 2, NULL, "shape=NULL", NULL);
+  expect_reject(NULL, 1, full, "comm=NULL", NULL);
+  CHECK(dtl_mesh_create(world, 1, full, NULL) == DTL_ERR_INVALID_ARGUMENT && strstr(dtl_last_error(), "out=NULL"),
+        "out=NULL accepted");
+}
+
+int main(int argc, char **argv) {
+  MPI_Init(&argc, &argv);
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+  if (world_size > 64) {
+    if (world_rank == 0) printf("skipped: the test's buffers hold at most 64 ranks\n");
+    MPI_Finalize();
+    return 77;
+  }
+  dtl_comm *world;
+  if (dtl_comm_from_mpi(MPI_COMM_WORLD, &world) != DTL_OK) {
+    fprintf(stderr, "[rank %d] dtl_comm_from_mpi: %s\n", world_rank, dtl_last_error());
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  check_bad_input(world); /* first: none of these may reach a collective, so the meshes below still line up */
+  int meshes = 0, shape[DTL_MAX_MESH_DIMS];
+  for (int ndim = 1; ndim <= DTL_MAX_MESH_DIMS; ndim++) meshes += check_factorisations(world, ndim, 0, world_size, shape);
+  dtl_comm_destroy(world);
+  int total = 0;
+  MPI_Allreduce(&failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  if (world_rank == 0) printf("%d meshes over %d ranks, %d failed checks\n", meshes, world_size, total);
+  MPI_Finalize();
+  return total ? 1 : 0;
+}

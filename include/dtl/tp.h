@@ -1,0 +1,233 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Tensor-parallel (Megatron-style) layers for C inference engines: weight sharding from dense checkpoints,
+ * column- and row-parallel linears, MLP and attention blocks, vocab-parallel embedding and LM head with a
+ * distributed top-k, and the communication half of each layer for engines that bring their own GEMM.
+ *
+ * Conventions
+ * - A context names a mesh and the mesh dim that is the tensor-parallel (TP) group; every collective runs
+ *   on that dim's communicator, so other mesh dims (data parallel) never communicate here.
+ * - Activations are 2-D row-major [tokens, features]; the tokens of one call form one causal sequence.
+ *   Their layouts are dtl layouts on the context's mesh: the stated placement on the TP dim, Replicate on
+ *   every other mesh dim (a data-parallel replica that feeds other tokens simply runs its own TP group).
+ *   R             : every TP rank holds all of [T, F]
+ *   S(0)          : rank r holds the token rows chunk(T, tp, r)     (sequence parallel)
+ *   S(1)          : rank r holds the feature columns chunk(F, tp, r)
+ *   Partial(sum)  : every rank holds a [T, F] addend (internal, between a row-parallel GEMM and its reduce)
+ *   Uneven sizes follow torch.chunk, exactly as dtl_layout_local_box (a rank may hold an empty shard).
+ * - Weights are row-major [out, in], as checkpoints store them; Y = X W^T + b.
+ * - Dense weights, shards and activations live in the memory of the TP communicator (host for MPI). The
+ *   layers compute in f32 on the host (OpenBLAS). On a device (NCCL) context, and for f16/bf16, the
+ *   weight-sharding functions and the communication halves work (they only copy and communicate); the full
+ *   layers and top-k return DTL_ERR_UNSUPPORTED there (the device GEMM exists internally, the device
+ *   kernels for bias, activations, softmax and lookups do not yet).
+ * - A context and the layers made from it share one grow-only scratch space: use them from one thread at
+ *   a time. All TP ranks must make the same calls in the same order with the same shapes.
+ * - Failures return a status with a message (dtl_last_error) naming the argument; argument and layout
+ *   checks happen before any output is written or any collective starts. */
+#ifndef DTL_TP_H
+#define DTL_TP_H
+
+#include "dtl/layout.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------------------------------------------- */
+/* Context                                                                                              */
+/* ---------------------------------------------------------------------------------------------------- */
+typedef struct dtl_tp_context dtl_tp_context;
+
+#define DTL_TP_OPT_DTYPE (1u << 0) /* dtype is read (default DTL_FLOAT32) */
+typedef struct {
+  uint64_t mask;
+  dtl_dtype dtype; /* element type of weights and activations: f32 on the host; f32/f16/bf16 on a device */
+} dtl_tp_options;
+
+/* mesh must have communicators (not abstract); tp_dim in 0..ndim-1; opt may be NULL. The context keeps a
+ * reference to mesh: destroy the context (and its layers) before the mesh. */
+DTL_API dtl_status dtl_tp_context_create(const dtl_mesh *mesh, int tp_dim, const dtl_tp_options *opt,
+                                         dtl_tp_context **out);
+DTL_API int dtl_tp_context_size(const dtl_tp_context *ctx); /* TP group size; -1 for NULL */
+DTL_API int dtl_tp_context_rank(const dtl_tp_context *ctx); /* this rank's TP coordinate; -1 for NULL */
+DTL_API const dtl_mesh *dtl_tp_context_mesh(const dtl_tp_context *ctx);
+DTL_API dtl_comm *dtl_tp_context_comm(const dtl_tp_context *ctx); /* the TP dim's communicator */
+DTL_API void dtl_tp_context_destroy(dtl_tp_context *ctx);
+
+/* The layout of a [tokens, features] activation: on_tp on the TP mesh dim (R, S(0), S(1) or P(sum)),
+ * Replicate on the others, the context's dtype. */
+DTL_API dtl_status dtl_tp_activation_layout(const dtl_tp_context *ctx, int64_t tokens, int64_t features,
+                                            dtl_placement on_tp, dtl_layout **out);
+
+/* ---------------------------------------------------------------------------------------------------- */
+/* Splits and weight sharding                                                                           */
+/* ---------------------------------------------------------------------------------------------------- */
+typedef struct {
+  int64_t offset, count;
+} dtl_tp_range;
+
+/* This rank's torch.chunk piece of a dim of size n (the S(i) rule of dtl layouts). */
+DTL_API dtl_status dtl_tp_split(const dtl_tp_context *ctx, int64_t n, dtl_tp_range *out);
+
+/* Attention heads of this rank, never cutting a head. g = q_heads / kv_heads q heads share one kv head
+ * (grouped-query attention); q_heads % kv_heads == 0 is required.
+ * - tp <= kv_heads: the kv heads are split with torch.chunk (uneven allowed: a rank may get more, fewer or
+ *   no kv heads) and each rank takes the q heads of its kv heads: q = [kv.offset * g, (kv.offset+kv.count) * g).
+ *   When kv_heads % tp == 0 this is the even split of Megatron-LM and vLLM.
+ * - tp > kv_heads: kv heads are replicated. Requires tp % kv_heads == 0 and q_heads % tp == 0; rank r gets
+ *   kv head r / (tp / kv_heads) (= r * kv_heads / tp) and q heads [r * q_heads / tp, (r+1) * q_heads / tp),
+ *   the rule of vLLM's QKVParallelLinear (num_kv_head_replicas = tp / kv_heads; kv shard = rank / replicas,
+ *   vllm/model_executor/layers/linear.py).
+ * Other combinations are DTL_ERR_INVALID_ARGUMENT naming the numbers. q/kv may be NULL. */
+DTL_API dtl_status dtl_tp_attention_heads(const dtl_tp_context *ctx, int64_t q_heads, int64_t kv_heads,
+                                          dtl_tp_range *q, dtl_tp_range *kv);
+
+/* Shards of a dense weight w [out, in] for this rank, written to shard (row-major, packed):
+ *   column: rows chunk(out)       -> [chunk(out).count, in]
+ *   row:    columns chunk(in)     -> [out, chunk(in).count]
+ * A 1-D bias [out] is the column shard of a [out, 1] weight. */
+DTL_API dtl_status dtl_tp_weight_shard_column(const dtl_tp_context *ctx, const void *w, int64_t out, int64_t in,
+                                              void *shard);
+DTL_API dtl_status dtl_tp_weight_shard_row(const dtl_tp_context *ctx, const void *w, int64_t out, int64_t in,
+                                           void *shard);
+/* Fused QKV [(q_heads + 2 kv_heads) * head_dim, in] (all q rows, then k, then v) -> this rank's
+ * [(q.count + 2 kv.count) * head_dim, in]: its q heads, then its k heads, then its v heads
+ * (dtl_tp_attention_heads). in = 1 shards the fused QKV bias. */
+DTL_API dtl_status dtl_tp_weight_shard_qkv(const dtl_tp_context *ctx, const void *w, int64_t q_heads, int64_t kv_heads,
+                                           int64_t head_dim, int64_t in, void *shard);
+/* Attention output projection [out, q_heads * head_dim] -> the columns of this rank's q heads
+ * [out, q.count * head_dim]. */
+DTL_API dtl_status dtl_tp_weight_shard_attention_out(const dtl_tp_context *ctx, const void *w, int64_t q_heads,
+                                                     int64_t kv_heads, int64_t head_dim, int64_t out, void *shard);
+/* Fused gate/up [2 * ffn, in] (gate rows, then up rows) -> [2 * chunk(ffn).count, in]: this rank's gate
+ * rows, then its up rows (each part split on its own). in = 1 shards a fused bias. */
+DTL_API dtl_status dtl_tp_weight_shard_gate_up(const dtl_tp_context *ctx, const void *w, int64_t ffn, int64_t in,
+                                               void *shard);
+
+/* ---------------------------------------------------------------------------------------------------- */
+/* Communication halves: exactly the collective of each layer, on caller buffers [tokens, features].   */
+/* The full layers below use these. Each checks the given layout against what it can take.              */
+/* ---------------------------------------------------------------------------------------------------- */
+/* Row-parallel epilogue: partial is this rank's addend [T, F] (Partial(sum)); out_layout is [T, F] with R
+ * (all-reduce; y gets [T, F]) or S(0) (reduce-scatter on tokens, uneven counts allowed; y gets this rank's
+ * chunk(T) rows). bias [F] (may be NULL) is added once, after the reduction, so every element carries it
+ * exactly once and the reduction stays a pure sum of GEMM partials (exact for integer data; y is bitwise
+ * equal on all ranks). Host only with a bias. partial is not modified. */
+DTL_API dtl_status dtl_tp_row_parallel_reduce(dtl_tp_context *ctx, const dtl_layout *out_layout, const void *partial,
+                                              const void *bias, void *y);
+/* Column-parallel gather: in_layout is [T, F] S(1); y_local holds this rank's feature columns; y gets the
+ * whole [T, F] (R). One all-gather plus one local interleave. */
+DTL_API dtl_status dtl_tp_column_parallel_gather(dtl_tp_context *ctx, const dtl_layout *in_layout, const void *y_local,
+                                                 void *y);
+/* Sequence-parallel gather: in_layout is [T, F] S(0); x_local holds this rank's token rows; x gets [T, F] (R). */
+DTL_API dtl_status dtl_tp_sequence_gather(dtl_tp_context *ctx, const dtl_layout *in_layout, const void *x_local,
+                                          void *x);
+
+/* ---------------------------------------------------------------------------------------------------- */
+/* Layers. Each is created from dense weights (copied and sharded at creation; the caller keeps its own)  */
+/* and states its input and output layouts; forward checks the input layout (DTL_ERR_MISMATCH naming both */
+/* when it differs) and writes this rank's local shard of the output.                                   */
+/* ---------------------------------------------------------------------------------------------------- */
+/* Mask bits shared by the parameter structs. */
+#define DTL_TP_SEQUENCE_PARALLEL (1u << 0) /* token-sharded S(0) input and output: all-gather in, reduce-scatter out */
+#define DTL_TP_GATHER_OUTPUT (1u << 1)     /* column-parallel: gather the S(1) output to R */
+#define DTL_TP_SCALE (1u << 2)             /* attention: scale is read (default 1/sqrt(head_dim)) */
+
+typedef enum { DTL_TP_COLUMN, DTL_TP_ROW } dtl_tp_linear_kind;
+
+/* Column: weight sharded on out. Input R (S(0) with SEQUENCE_PARALLEL, all-gathered first); output S(1)
+ *         ([T, out]; R with GATHER_OUTPUT). With out = vocab and no bias this is the vocab-parallel LM head.
+ * Row:    weight sharded on in. Input S(1) ([T, in]); output R (all-reduce), or S(0) with
+ *         SEQUENCE_PARALLEL (reduce-scatter on tokens); the bias is added once after the reduction. */
+typedef struct {
+  uint64_t mask; /* DTL_TP_SEQUENCE_PARALLEL, DTL_TP_GATHER_OUTPUT (column only) */
+  dtl_tp_linear_kind kind;
+  int64_t in_features, out_features;
+  const void *weight; /* dense [out, in]; required */
+  const void *bias;   /* dense [out]; NULL = none */
+} dtl_tp_linear_params;
+typedef struct dtl_tp_linear dtl_tp_linear;
+DTL_API dtl_status dtl_tp_linear_create(dtl_tp_context *ctx, const dtl_tp_linear_params *p, dtl_tp_linear **out);
+/* The layouts of input and output for a call with `tokens` tokens (either pointer may be NULL). */
+DTL_API dtl_status dtl_tp_linear_layouts(const dtl_tp_linear *l, int64_t tokens, dtl_layout **in, dtl_layout **out);
+DTL_API dtl_status dtl_tp_linear_forward(dtl_tp_linear *l, const dtl_layout *x_layout, const void *x, void *y);
+DTL_API void dtl_tp_linear_destroy(dtl_tp_linear *l);
+
+typedef enum {
+  DTL_TP_ACT_SILU_GATED, /* SwiGLU: silu(gate) * up, from a fused gate/up weight */
+  DTL_TP_ACT_GELU        /* exact (erf) GELU of up */
+} dtl_tp_activation;
+
+/* MLP block: [T, hidden] -> column (gate/up) -> activation -> row (down) -> [T, hidden]. Input and output R,
+ * one all-reduce; with SEQUENCE_PARALLEL both S(0), one all-gather in and one reduce-scatter out. */
+typedef struct {
+  uint64_t mask; /* DTL_TP_SEQUENCE_PARALLEL */
+  dtl_tp_activation activation;
+  int64_t hidden, ffn;
+  const void *gate_up;      /* SILU_GATED: fused [2 ffn, hidden] (gate rows, then up rows); GELU: [ffn, hidden] */
+  const void *down;         /* [hidden, ffn] */
+  const void *gate_up_bias; /* [2 ffn] or [ffn]; NULL = none */
+  const void *down_bias;    /* [hidden]; NULL = none */
+} dtl_tp_mlp_params;
+typedef struct dtl_tp_mlp dtl_tp_mlp;
+DTL_API dtl_status dtl_tp_mlp_create(dtl_tp_context *ctx, const dtl_tp_mlp_params *p, dtl_tp_mlp **out);
+DTL_API dtl_status dtl_tp_mlp_layouts(const dtl_tp_mlp *m, int64_t tokens, dtl_layout **in, dtl_layout **out);
+DTL_API dtl_status dtl_tp_mlp_forward(dtl_tp_mlp *m, const dtl_layout *x_layout, const void *x, void *y);
+DTL_API void dtl_tp_mlp_destroy(dtl_tp_mlp *m);
+
+/* Attention block: [T, hidden] -> fused QKV column-parallel by heads (dtl_tp_attention_heads) -> causal
+ * scaled-dot-product attention of this rank's heads (query i attends to keys 0..i; q head h uses kv head
+ * h / (q_heads / kv_heads)) -> output projection row-parallel over those heads -> [T, hidden]. Layouts and
+ * collectives as for the MLP block. No rotary embedding (apply it to the weights' outputs yourself). */
+typedef struct {
+  uint64_t mask; /* DTL_TP_SEQUENCE_PARALLEL, DTL_TP_SCALE */
+  int64_t hidden, q_heads, kv_heads, head_dim;
+  const void *qkv;      /* fused [(q_heads + 2 kv_heads) * head_dim, hidden] */
+  const void *out;      /* [hidden, q_heads * head_dim] */
+  const void *qkv_bias; /* [(q_heads + 2 kv_heads) * head_dim]; NULL = none */
+  const void *out_bias; /* [hidden]; NULL = none */
+  float scale;          /* with DTL_TP_SCALE */
+} dtl_tp_attention_params;
+typedef struct dtl_tp_attention dtl_tp_attention;
+DTL_API dtl_status dtl_tp_attention_create(dtl_tp_context *ctx, const dtl_tp_attention_params *p,
+                                           dtl_tp_attention **out);
+DTL_API dtl_status dtl_tp_attention_layouts(const dtl_tp_attention *a, int64_t tokens, dtl_layout **in,
+                                            dtl_layout **out);
+DTL_API dtl_status dtl_tp_attention_forward(dtl_tp_attention *a, const dtl_layout *x_layout, const void *x, void *y);
+DTL_API void dtl_tp_attention_destroy(dtl_tp_attention *a);
+
+/* Vocab-parallel embedding: the table [vocab, hidden] is sharded on vocab (rows chunk(vocab)); each rank
+ * looks up the ids it owns and writes zeros for the others (a Partial(sum)), then one all-reduce gives R
+ * [T, hidden] (reduce-scatter to S(0) with SEQUENCE_PARALLEL). ids are host int64 [tokens], equal on all
+ * TP ranks. An id outside 0..vocab-1 is DTL_ERR_INVALID_ARGUMENT naming the id and its position, found
+ * before any communication, with y untouched. */
+typedef struct {
+  uint64_t mask; /* DTL_TP_SEQUENCE_PARALLEL */
+  int64_t vocab, hidden;
+  const void *table; /* [vocab, hidden] */
+} dtl_tp_embedding_params;
+typedef struct dtl_tp_embedding dtl_tp_embedding;
+DTL_API dtl_status dtl_tp_embedding_create(dtl_tp_context *ctx, const dtl_tp_embedding_params *p,
+                                           dtl_tp_embedding **out);
+/* The layout of the output (the ids are a plain replicated host array). */
+DTL_API dtl_status dtl_tp_embedding_layout(const dtl_tp_embedding *e, int64_t tokens, dtl_layout **out);
+DTL_API dtl_status dtl_tp_embedding_forward(dtl_tp_embedding *e, int64_t tokens, const int64_t *ids, void *y);
+DTL_API void dtl_tp_embedding_destroy(dtl_tp_embedding *e);
+
+/* Distributed top-k over vocab-sharded logits ([T, vocab] S(1), e.g. a column-parallel LM head's output;
+ * host f32 contexts),
+ * without gathering them: each rank selects its k best (value, global index) pairs per token and one
+ * all-gather exchanges only those (T * k pairs per rank). values [T, k] (f32, host) and indices [T, k]
+ * (host) get, on every rank, the k largest logits of each token in descending order; equal values are
+ * ordered by lowest index (as a dense stable sort would) and NaN counts as the largest value (as torch.topk).
+ * 1 <= k <= vocab. values may be NULL. */
+DTL_API dtl_status dtl_tp_logits_topk(dtl_tp_context *ctx, const dtl_layout *logits_layout, const void *logits_local,
+                                      int k, float *values, int64_t *indices);
+/* top-1: the index of the largest logit of each token (lowest index among equals), [T] on every rank. */
+DTL_API dtl_status dtl_tp_logits_argmax(dtl_tp_context *ctx, const dtl_layout *logits_layout, const void *logits_local,
+                                        int64_t *indices);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

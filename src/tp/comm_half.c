@@ -1,0 +1,107 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The communication half of every TP layer, on the TP dim's communicator: the row-parallel reduction
+ * (all-reduce, or reduce-scatter on tokens for sequence parallelism) with its once-only bias, the
+ * column-parallel gather of S(1) outputs, and the sequence-parallel gather of S(0) inputs. The layers call
+ * the cores; the public wrappers add the layout checks for engines that run their own GEMMs. */
+#include <string.h>
+#include "tp/tp_internal.h"
+
+/* counts[r] = rows(r) * per_row, rows(r) = chunk(n, tp, r) */
+static void dtl__tp_counts(dtl_tp_context *ctx, int64_t n, int64_t per_row) {
+  for (int r = 0; r < ctx->size; r++) ctx->counts[r] = (size_t)(dtl__tp_chunk(ctx, n, r).count * per_row);
+}
+
+dtl_status dtl__tp_reduce(dtl_tp_context *ctx, int64_t tokens, int64_t features, bool sequence_parallel,
+                          const void *partial, const void *bias, void *y) {
+  int64_t rows = tokens;
+  if (!sequence_parallel) {
+    DTL_TRY(dtl_all_reduce(ctx->comm, partial, y, (size_t)(tokens * features), ctx->dtype, DTL_SUM));
+  } else {
+    dtl__tp_counts(ctx, tokens, features);
+    DTL_TRY(dtl_reduce_scatterv(ctx->comm, partial, y, ctx->counts, ctx->dtype, DTL_SUM));
+    rows = dtl__tp_chunk(ctx, tokens, ctx->rank).count;
+  }
+  if (bias) {
+    float *out = y;
+    const float *b = bias;
+    for (int64_t t = 0; t < rows; t++)
+      for (int64_t f = 0; f < features; f++) out[t * features + f] += b[f];
+  }
+  return DTL_OK;
+}
+
+dtl_status dtl__tp_gather_columns(dtl_tp_context *ctx, int64_t tokens, int64_t features, const void *y_local, void *y) {
+  dtl__tp_counts(ctx, features, tokens);
+  size_t mine = ctx->counts[ctx->rank];
+  /* One token row (decode) or one rank: rank-major blocks already are the row-major [T, F]. */
+  if (tokens <= 1 || ctx->size == 1) return dtl_all_gatherv(ctx->comm, y_local, mine, y, ctx->counts, ctx->dtype);
+  void *stage;
+  DTL_TRY(dtl__tp_scratch(ctx, DTL__TP_WS_COMM, (size_t)(tokens * features) * ctx->elem, &stage));
+  DTL_TRY(dtl_all_gatherv(ctx->comm, y_local, mine, stage, ctx->counts, ctx->dtype));
+  size_t at = 0;
+  for (int r = 0; r < ctx->size; r++) {
+    dtl_tp_range c = dtl__tp_chunk(ctx, features, r);
+    if (c.count > 0) {
+      dtl__box_copy b = {.ndim = 2, .elem_size = ctx->elem};
+      b.extent[0] = b.src_shape[0] = b.dst_shape[0] = tokens;
+      b.extent[1] = b.src_shape[1] = c.count;
+      b.dst_shape[1] = features;
+      b.dst_off[1] = c.offset;
+      DTL_TRY(ctx->comm->ops->copy_box(ctx->comm, (const char *)stage + at * ctx->elem, y, &b));
+    }
+    at += ctx->counts[r];
+  }
+  return DTL_OK;
+}
+
+dtl_status dtl__tp_gather_tokens(dtl_tp_context *ctx, int64_t tokens, int64_t features, const void *x_local, void *x) {
+  dtl__tp_counts(ctx, tokens, features);
+  return dtl_all_gatherv(ctx->comm, x_local, ctx->counts[ctx->rank], x, ctx->counts, ctx->dtype);
+}
+
+/* Buffers of a public half: non-NULL unless empty. */
+static dtl_status dtl__tp_half_bufs(const char *fn, const char *a, const void *pa, size_t na, const char *b,
+                                    const void *pb, size_t nb) {
+  DTL_CHECK_ARG(pa != NULL || na == 0, fn, "%s=NULL with %zu elements", a, na);
+  DTL_CHECK_ARG(pb != NULL || nb == 0, fn, "%s=NULL with %zu elements", b, nb);
+  return DTL_OK;
+}
+
+dtl_status dtl_tp_row_parallel_reduce(dtl_tp_context *ctx, const dtl_layout *out_layout, const void *partial,
+                                      const void *bias, void *y) {
+  static const char fn[] = "dtl_tp_row_parallel_reduce";
+  DTL_CHECK_ARG(ctx != NULL, fn, "ctx=NULL");
+  DTL_CHECK_ARG(out_layout != NULL, fn, "out_layout=NULL");
+  bool sp = out_layout->ndim == 2 && ctx->tp_dim < out_layout->mesh->ndim &&
+            out_layout->placements[ctx->tp_dim].kind == DTL_SHARD;
+  int64_t tokens, features = out_layout->ndim == 2 ? out_layout->shape[1] : -1;
+  DTL_TRY(dtl__tp_check_layout(ctx, fn, "out_layout", out_layout, features, sp ? dtl_shard(0) : dtl_replicate(), &tokens));
+  size_t full = (size_t)(tokens * features), local = dtl_layout_local_count(out_layout);
+  DTL_TRY(dtl__tp_half_bufs(fn, "partial", partial, full, "y", y, local));
+  if (bias && (ctx->comm->ops->memory != DTL_MEMORY_HOST || ctx->dtype != DTL_FLOAT32))
+    return dtl__error_fn(DTL_ERR_UNSUPPORTED, fn, "bias on a %s %s context (the bias add runs on the host in f32; "
+                         "add it yourself after the reduction)", ctx->comm->ops->name, dtl_dtype_name(ctx->dtype));
+  return dtl__tp_reduce(ctx, tokens, features, sp, partial, bias, y);
+}
+
+dtl_status dtl_tp_column_parallel_gather(dtl_tp_context *ctx, const dtl_layout *in_layout, const void *y_local, void *y) {
+  static const char fn[] = "dtl_tp_column_parallel_gather";
+  DTL_CHECK_ARG(ctx != NULL, fn, "ctx=NULL");
+  DTL_CHECK_ARG(in_layout != NULL, fn, "in_layout=NULL");
+  int64_t tokens, features = in_layout->ndim == 2 ? in_layout->shape[1] : -1;
+  DTL_TRY(dtl__tp_check_layout(ctx, fn, "in_layout", in_layout, features, dtl_shard(1), &tokens));
+  DTL_TRY(dtl__tp_half_bufs(fn, "y_local", y_local, dtl_layout_local_count(in_layout), "y", y,
+                            dtl_layout_global_count(in_layout)));
+  return dtl__tp_gather_columns(ctx, tokens, features, y_local, y);
+}
+
+dtl_status dtl_tp_sequence_gather(dtl_tp_context *ctx, const dtl_layout *in_layout, const void *x_local, void *x) {
+  static const char fn[] = "dtl_tp_sequence_gather";
+  DTL_CHECK_ARG(ctx != NULL, fn, "ctx=NULL");
+  DTL_CHECK_ARG(in_layout != NULL, fn, "in_layout=NULL");
+  int64_t tokens, features = in_layout->ndim == 2 ? in_layout->shape[1] : -1;
+  DTL_TRY(dtl__tp_check_layout(ctx, fn, "in_layout", in_layout, features, dtl_shard(0), &tokens));
+  DTL_TRY(dtl__tp_half_bufs(fn, "x_local", x_local, dtl_layout_local_count(in_layout), "x", x,
+                            dtl_layout_global_count(in_layout)));
+  return dtl__tp_gather_tokens(ctx, tokens, features, x_local, x);
+}

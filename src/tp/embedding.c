@@ -1,0 +1,87 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The vocab-parallel embedding: this rank's rows of the table, a lookup of the ids it owns with zeros for
+ * the others (a Partial(sum) of [T, hidden]), and the one reduction that resolves it. */
+#include <stdlib.h>
+#include <string.h>
+#include "tp/tp_internal.h"
+
+struct dtl_tp_embedding {
+  dtl_tp_context *ctx;
+  bool sp;
+  int64_t vocab, hidden;
+  dtl_tp_range rows; /* this rank's vocab ids */
+  void *table;       /* [rows.count, hidden] */
+};
+
+static dtl_placement dtl__tp_emb_p(const dtl_tp_embedding *e) { return e->sp ? dtl_shard(0) : dtl_replicate(); }
+
+dtl_status dtl_tp_embedding_create(dtl_tp_context *ctx, const dtl_tp_embedding_params *p, dtl_tp_embedding **out) {
+  static const char fn[] = "dtl_tp_embedding_create";
+  DTL_CHECK_ARG(ctx != NULL, fn, "ctx=NULL");
+  DTL_CHECK_ARG(p != NULL, fn, "params=NULL");
+  DTL_CHECK_ARG(out != NULL, fn, "out=NULL");
+  DTL_CHECK_ARG(p->vocab >= 1 && p->hidden >= 1, fn, "vocab=%lld hidden=%lld (expected >= 1)", (long long)p->vocab,
+                (long long)p->hidden);
+  DTL_CHECK_ARG(p->table != NULL, fn, "table=NULL (the dense [vocab, hidden] table is required)");
+  DTL_TRY(dtl__tp_check_compute(ctx, fn));
+  size_t n;
+  DTL_TRY(dtl__tp_count(fn, "table", p->vocab, p->hidden, &n));
+  dtl_tp_embedding *e = calloc(1, sizeof *e);
+  if (!e) return dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory");
+  e->ctx = ctx;
+  e->sp = (p->mask & DTL_TP_SEQUENCE_PARALLEL) != 0;
+  e->vocab = p->vocab;
+  e->hidden = p->hidden;
+  e->rows = dtl__tp_chunk(ctx, p->vocab, ctx->rank);
+  size_t bytes = (size_t)(e->rows.count * e->hidden) * ctx->elem;
+  dtl_status st;
+  dtl__tp_rows r = {e->rows.offset, e->rows.count};
+  DTL_TRY_GOTO(ctx->comm->ops->mem_alloc(ctx->comm, bytes ? bytes : 1, &e->table), st, fail);
+  DTL_TRY_GOTO(dtl__tp_pack_rows(ctx, p->table, p->vocab, p->hidden, &r, 1, 0, p->hidden, e->table), st, fail);
+  *out = e;
+  return DTL_OK;
+fail:
+  dtl_tp_embedding_destroy(e);
+  return dtl__error_prefix(st, "%s", fn);
+}
+
+dtl_status dtl_tp_embedding_layout(const dtl_tp_embedding *e, int64_t tokens, dtl_layout **out) {
+  DTL_CHECK_ARG(e != NULL, "dtl_tp_embedding_layout", "embedding=NULL");
+  return dtl__tp_layouts(e->ctx, "dtl_tp_embedding_layout", tokens, 0, dtl_replicate(), e->hidden, dtl__tp_emb_p(e),
+                         NULL, out);
+}
+
+dtl_status dtl_tp_embedding_forward(dtl_tp_embedding *e, int64_t tokens, const int64_t *ids, void *y) {
+  static const char fn[] = "dtl_tp_embedding_forward";
+  DTL_CHECK_ARG(e != NULL, fn, "embedding=NULL");
+  DTL_CHECK_ARG(tokens >= 0, fn, "tokens=%lld (expected >= 0)", (long long)tokens);
+  DTL_CHECK_ARG(ids != NULL || tokens == 0, fn, "ids=NULL");
+  dtl_tp_context *ctx = e->ctx;
+  int64_t rows = e->sp ? dtl__tp_chunk(ctx, tokens, ctx->rank).count : tokens;
+  DTL_CHECK_ARG(y != NULL || rows == 0, fn, "y=NULL");
+  /* Every rank checks every id (they are replicated), so all ranks fail together before any collective. */
+  for (int64_t t = 0; t < tokens; t++)
+    if (ids[t] < 0 || ids[t] >= e->vocab)
+      return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn,
+                           "ids[%lld]=%lld is outside the vocabulary (expected 0..%lld); nothing was written",
+                           (long long)t, (long long)ids[t], (long long)(e->vocab - 1));
+  size_t row_bytes = (size_t)e->hidden * ctx->elem;
+  void *partial;
+  DTL_TRY(dtl__tp_scratch(ctx, DTL__TP_WS_PARTIAL, (size_t)tokens * row_bytes, &partial));
+  char *dst = partial;
+  const char *table = e->table;
+  for (int64_t t = 0; t < tokens; t++) {
+    int64_t local = ids[t] - e->rows.offset;
+    if (local >= 0 && local < e->rows.count)
+      memcpy(dst + (size_t)t * row_bytes, table + (size_t)local * row_bytes, row_bytes);
+    else
+      memset(dst + (size_t)t * row_bytes, 0, row_bytes);
+  }
+  return dtl__tp_reduce(ctx, tokens, e->hidden, e->sp, partial, NULL, y);
+}
+
+void dtl_tp_embedding_destroy(dtl_tp_embedding *e) {
+  if (!e) return;
+  if (e->table) e->ctx->comm->ops->mem_free(e->ctx->comm, e->table);
+  free(e);
+}

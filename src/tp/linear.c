@@ -1,0 +1,101 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Column- and row-parallel linear layers: a projection of this rank's weight shard plus the layer's one
+ * communication half (sequence-parallel gather in, column gather or row reduction out). */
+#include <stdlib.h>
+#include "tp/tp_internal.h"
+
+struct dtl_tp_linear {
+  dtl_tp_context *ctx;
+  dtl_tp_linear_kind kind;
+  bool sp, gather;
+  int64_t in, out;
+  dtl__tp_proj proj;
+};
+
+static dtl_placement dtl__tp_linear_in_p(const dtl_tp_linear *l) {
+  if (l->kind == DTL_TP_ROW) return dtl_shard(1);
+  return l->sp ? dtl_shard(0) : dtl_replicate();
+}
+static dtl_placement dtl__tp_linear_out_p(const dtl_tp_linear *l) {
+  if (l->kind == DTL_TP_ROW) return l->sp ? dtl_shard(0) : dtl_replicate();
+  return l->gather ? dtl_replicate() : dtl_shard(1);
+}
+
+dtl_status dtl_tp_linear_create(dtl_tp_context *ctx, const dtl_tp_linear_params *p, dtl_tp_linear **out) {
+  static const char fn[] = "dtl_tp_linear_create";
+  DTL_CHECK_ARG(ctx != NULL, fn, "ctx=NULL");
+  DTL_CHECK_ARG(p != NULL, fn, "params=NULL");
+  DTL_CHECK_ARG(out != NULL, fn, "out=NULL");
+  DTL_CHECK_ARG(p->kind == DTL_TP_COLUMN || p->kind == DTL_TP_ROW, fn, "kind=%d (expected DTL_TP_COLUMN or DTL_TP_ROW)",
+                (int)p->kind);
+  DTL_CHECK_ARG(p->in_features >= 0 && p->out_features >= 0, fn, "in_features=%lld out_features=%lld (expected >= 0)",
+                (long long)p->in_features, (long long)p->out_features);
+  DTL_CHECK_ARG(p->weight != NULL, fn, "weight=NULL (the dense [out=%lld, in=%lld] weight is required)",
+                (long long)p->out_features, (long long)p->in_features);
+  DTL_CHECK_ARG(p->kind == DTL_TP_COLUMN || !(p->mask & DTL_TP_GATHER_OUTPUT), fn,
+                "mask has DTL_TP_GATHER_OUTPUT on a row-parallel layer (its output is already R or S(0))");
+  DTL_TRY(dtl__tp_check_compute(ctx, fn));
+  size_t n;
+  DTL_TRY(dtl__tp_count(fn, "weight", p->out_features, p->in_features, &n));
+  dtl_tp_linear *l = calloc(1, sizeof *l);
+  if (!l) return dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory");
+  l->ctx = ctx;
+  l->kind = p->kind;
+  l->sp = (p->mask & DTL_TP_SEQUENCE_PARALLEL) != 0;
+  l->gather = (p->mask & DTL_TP_GATHER_OUTPUT) != 0;
+  l->in = p->in_features;
+  l->out = p->out_features;
+  dtl_status st;
+  if (p->kind == DTL_TP_COLUMN) {
+    dtl_tp_range r = dtl__tp_chunk(ctx, l->out, ctx->rank);
+    dtl__tp_rows rows = {r.offset, r.count};
+    DTL_TRY_GOTO(dtl__tp_proj_init(ctx, fn, &l->proj, p->weight, l->in, &rows, 1, 0, l->in, p->bias), st, fail);
+  } else {
+    dtl_tp_range c = dtl__tp_chunk(ctx, l->in, ctx->rank);
+    dtl__tp_rows rows = {0, l->out};
+    DTL_TRY_GOTO(dtl__tp_proj_init(ctx, fn, &l->proj, p->weight, l->in, &rows, 1, c.offset, c.count, p->bias), st,
+                 fail);
+  }
+  *out = l;
+  return DTL_OK;
+fail:
+  dtl_tp_linear_destroy(l);
+  return st;
+}
+
+dtl_status dtl_tp_linear_layouts(const dtl_tp_linear *l, int64_t tokens, dtl_layout **in, dtl_layout **out) {
+  DTL_CHECK_ARG(l != NULL, "dtl_tp_linear_layouts", "layer=NULL");
+  return dtl__tp_layouts(l->ctx, "dtl_tp_linear_layouts", tokens, l->in, dtl__tp_linear_in_p(l), l->out,
+                         dtl__tp_linear_out_p(l), in, out);
+}
+
+dtl_status dtl_tp_linear_forward(dtl_tp_linear *l, const dtl_layout *x_layout, const void *x, void *y) {
+  static const char fn[] = "dtl_tp_linear_forward";
+  DTL_CHECK_ARG(l != NULL, fn, "layer=NULL");
+  dtl_tp_context *ctx = l->ctx;
+  int64_t T;
+  const void *xin;
+  DTL_TRY(dtl__tp_input(ctx, fn, x_layout, l->in, dtl__tp_linear_in_p(l), x, &T, &xin));
+  size_t y_count = (size_t)(l->kind == DTL_TP_COLUMN && !l->gather ? T * l->proj.rows
+                            : l->sp && l->kind == DTL_TP_ROW ? dtl__tp_chunk(ctx, T, ctx->rank).count * l->out
+                                                             : T * l->out);
+  DTL_CHECK_ARG(y != NULL || y_count == 0, fn, "y=NULL");
+  size_t e = ctx->elem;
+  if (l->kind == DTL_TP_COLUMN) {
+    if (!l->gather) return dtl__tp_proj_apply(ctx, &l->proj, true, T, xin, l->in, y, l->proj.rows);
+    void *mid;
+    DTL_TRY(dtl__tp_scratch(ctx, DTL__TP_WS_MID, (size_t)(T * l->proj.rows) * e, &mid));
+    DTL_TRY(dtl__tp_proj_apply(ctx, &l->proj, true, T, xin, l->in, mid, l->proj.rows));
+    return dtl__tp_gather_columns(ctx, T, l->out, mid, y);
+  }
+  void *partial;
+  DTL_TRY(dtl__tp_scratch(ctx, DTL__TP_WS_PARTIAL, (size_t)(T * l->out) * e, &partial));
+  DTL_TRY(dtl__tp_proj_apply(ctx, &l->proj, false, T, xin, l->proj.cols, partial, l->out));
+  return dtl__tp_reduce(ctx, T, l->out, l->sp, partial, l->proj.bias, y);
+}
+
+void dtl_tp_linear_destroy(dtl_tp_linear *l) {
+  if (!l) return;
+  dtl__tp_proj_fini(l->ctx, &l->proj);
+  free(l);
+}

@@ -1,0 +1,104 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The tensor-parallel MLP block: gate/up column-parallel on ffn, the activation on this rank's ffn columns
+ * (no communication: SiLU-gating pairs gate and up columns of the same rank), down row-parallel on ffn, and
+ * one reduction out (plus one gather in with sequence parallelism). */
+#include <math.h>
+#include <stdlib.h>
+#include "tp/tp_internal.h"
+
+struct dtl_tp_mlp {
+  dtl_tp_context *ctx;
+  dtl_tp_activation act;
+  bool sp;
+  int64_t hidden, ffn, f_local;
+  dtl__tp_proj gate_up, down;
+};
+
+static dtl_placement dtl__tp_mlp_p(const dtl_tp_mlp *m) { return m->sp ? dtl_shard(0) : dtl_replicate(); }
+
+dtl_status dtl_tp_mlp_create(dtl_tp_context *ctx, const dtl_tp_mlp_params *p, dtl_tp_mlp **out) {
+  static const char fn[] = "dtl_tp_mlp_create";
+  DTL_CHECK_ARG(ctx != NULL, fn, "ctx=NULL");
+  DTL_CHECK_ARG(p != NULL, fn, "params=NULL");
+  DTL_CHECK_ARG(out != NULL, fn, "out=NULL");
+  DTL_CHECK_ARG(p->activation == DTL_TP_ACT_SILU_GATED || p->activation == DTL_TP_ACT_GELU, fn,
+                "activation=%d (expected DTL_TP_ACT_SILU_GATED or DTL_TP_ACT_GELU)", (int)p->activation);
+  DTL_CHECK_ARG(p->hidden >= 1 && p->ffn >= 1, fn, "hidden=%lld ffn=%lld (expected >= 1)", (long long)p->hidden,
+                (long long)p->ffn);
+  DTL_CHECK_ARG(p->gate_up != NULL, fn, "gate_up=NULL (the dense %s weight is required)",
+                p->activation == DTL_TP_ACT_SILU_GATED ? "fused [2 ffn, hidden] gate/up" : "[ffn, hidden] up");
+  DTL_CHECK_ARG(p->down != NULL, fn, "down=NULL (the dense [hidden, ffn] weight is required)");
+  DTL_TRY(dtl__tp_check_compute(ctx, fn));
+  bool gated = p->activation == DTL_TP_ACT_SILU_GATED;
+  size_t n;
+  DTL_TRY(dtl__tp_count(fn, "gate_up", (gated ? 2 : 1) * p->ffn, p->hidden, &n));
+  dtl_tp_mlp *m = calloc(1, sizeof *m);
+  if (!m) return dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory");
+  m->ctx = ctx;
+  m->act = p->activation;
+  m->sp = (p->mask & DTL_TP_SEQUENCE_PARALLEL) != 0;
+  m->hidden = p->hidden;
+  m->ffn = p->ffn;
+  dtl_tp_range f = dtl__tp_chunk(ctx, p->ffn, ctx->rank);
+  m->f_local = f.count;
+  /* Gate and up are split on their own and concatenated, so this rank's gate column j pairs with its up column j. */
+  dtl__tp_rows rows[2] = {{f.offset, f.count}, {p->ffn + f.offset, f.count}};
+  dtl__tp_rows all = {0, p->hidden};
+  dtl_status st;
+  DTL_TRY_GOTO(dtl__tp_proj_init(ctx, fn, &m->gate_up, p->gate_up, p->hidden, rows, gated ? 2 : 1, 0, p->hidden,
+                                 p->gate_up_bias), st, fail);
+  DTL_TRY_GOTO(dtl__tp_proj_init(ctx, fn, &m->down, p->down, p->ffn, &all, 1, f.offset, f.count, p->down_bias), st,
+               fail);
+  *out = m;
+  return DTL_OK;
+fail:
+  dtl_tp_mlp_destroy(m);
+  return st;
+}
+
+dtl_status dtl_tp_mlp_layouts(const dtl_tp_mlp *m, int64_t tokens, dtl_layout **in, dtl_layout **out) {
+  DTL_CHECK_ARG(m != NULL, "dtl_tp_mlp_layouts", "block=NULL");
+  return dtl__tp_layouts(m->ctx, "dtl_tp_mlp_layouts", tokens, m->hidden, dtl__tp_mlp_p(m), m->hidden, dtl__tp_mlp_p(m),
+                         in, out);
+}
+
+/* In place on the first f columns of each [T, width] row: SiLU-gated (gate | up) or GELU of up. */
+static void dtl__tp_activate(dtl_tp_activation act, float *h, int64_t tokens, int64_t f, int64_t width) {
+  for (int64_t t = 0; t < tokens; t++) {
+    float *row = h + t * width;
+    if (act == DTL_TP_ACT_SILU_GATED) {
+      for (int64_t j = 0; j < f; j++) {
+        float g = row[j];
+        row[j] = g / (1.0f + expf(-g)) * row[f + j];
+      }
+    } else {
+      for (int64_t j = 0; j < f; j++) row[j] = 0.5f * row[j] * (1.0f + erff(row[j] * 0.70710678118654752f));
+    }
+  }
+}
+
+dtl_status dtl_tp_mlp_forward(dtl_tp_mlp *m, const dtl_layout *x_layout, const void *x, void *y) {
+  static const char fn[] = "dtl_tp_mlp_forward";
+  DTL_CHECK_ARG(m != NULL, fn, "block=NULL");
+  dtl_tp_context *ctx = m->ctx;
+  int64_t T;
+  const void *xin;
+  DTL_TRY(dtl__tp_input(ctx, fn, x_layout, m->hidden, dtl__tp_mlp_p(m), x, &T, &xin));
+  DTL_CHECK_ARG(y != NULL || dtl_layout_local_count(x_layout) == 0, fn, "y=NULL");
+  size_t e = ctx->elem;
+  int64_t width = m->gate_up.rows;
+  void *h, *partial;
+  DTL_TRY(dtl__tp_scratch(ctx, DTL__TP_WS_MID, (size_t)(T * width) * e, &h));
+  DTL_TRY(dtl__tp_scratch(ctx, DTL__TP_WS_PARTIAL, (size_t)(T * m->hidden) * e, &partial));
+  DTL_TRY(dtl__tp_proj_apply(ctx, &m->gate_up, true, T, xin, m->hidden, h, width));
+  dtl__tp_activate(m->act, h, T, m->f_local, width);
+  DTL_TRY(dtl__tp_proj_apply(ctx, &m->down, false, T, h, width, partial, m->hidden));
+  return dtl__tp_reduce(ctx, T, m->hidden, m->sp, partial, m->down.bias, y);
+}
+
+void dtl_tp_mlp_destroy(dtl_tp_mlp *m) {
+  if (!m) return;
+  dtl__tp_proj_fini(m->ctx, &m->gate_up);
+  dtl__tp_proj_fini(m->ctx, &m->down);
+  free(m);
+}

@@ -1,0 +1,101 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* This file is private to dtl. It defines the tensor-parallel context and what its layers share: the
+ * scratch slots, the input-layout check, one local projection (GEMM + optional bias) and the cores of the
+ * communication halves that the public wrappers validate and the layers call directly. */
+#ifndef DTL_TP_INTERNAL_H
+#define DTL_TP_INTERNAL_H
+
+#include "layout/layout_internal.h"
+#include "tp/gemm.h"
+#include "dtl/tp.h"
+
+/* Grow-only scratch buffers in the TP communicator's memory, one per role, so one forward call never
+ * allocates once warm and nested uses (a layer calling a communication half) never alias. */
+typedef enum {
+  DTL__TP_WS_INPUT,   /* the all-gathered input of a sequence-parallel layer */
+  DTL__TP_WS_MID,     /* a column-parallel output (QKV, gate/up, or an S(1) before gathering) */
+  DTL__TP_WS_AUX,     /* attention scores and transposed values */
+  DTL__TP_WS_ATTN,    /* the attention output of this rank's heads */
+  DTL__TP_WS_PARTIAL, /* a row-parallel Partial(sum) addend */
+  DTL__TP_WS_COMM,    /* the communication halves' own staging */
+  DTL__TP_WS_COUNT
+} dtl__tp_ws;
+
+struct dtl_tp_context {
+  const dtl_mesh *mesh;
+  int tp_dim, size, rank;
+  dtl_comm *comm; /* the TP dim's communicator (owned by the mesh) */
+  dtl_dtype dtype;
+  size_t elem;
+  dtl__gemm_engine gemm;
+  void *ws[DTL__TP_WS_COUNT];
+  size_t ws_bytes[DTL__TP_WS_COUNT];
+  size_t *counts; /* [size], per-rank element counts for the v-collectives */
+};
+
+/* A buffer of at least bytes in slot (contents not kept across growth). */
+dtl_status dtl__tp_scratch(dtl_tp_context *ctx, dtl__tp_ws slot, size_t bytes, void **out);
+
+/* Checks that l is a [tokens, features] activation layout of ctx (same mesh and dtype, 2-D, features
+ * columns, on_tp on the TP dim, Replicate elsewhere); DTL_ERR_MISMATCH naming both layouts otherwise.
+ * *tokens gets the global token count. what names the argument ("x_layout"). */
+dtl_status dtl__tp_check_layout(const dtl_tp_context *ctx, const char *fn, const char *what, const dtl_layout *l,
+                                int64_t features, dtl_placement on_tp, int64_t *tokens);
+/* Layers: the layers compute on the host in f32 (DTL_ERR_UNSUPPORTED naming fn otherwise). */
+dtl_status dtl__tp_check_compute(const dtl_tp_context *ctx, const char *fn);
+/* Element count a*b with overflow check (DTL_ERR_INVALID_ARGUMENT naming fn and what). */
+dtl_status dtl__tp_count(const char *fn, const char *what, int64_t a, int64_t b, size_t *out);
+
+/* torch.chunk piece of n for TP coordinate r. */
+dtl_tp_range dtl__tp_chunk(const dtl_tp_context *ctx, int64_t n, int r);
+/* Head ranges for TP coordinate r (validated as dtl_tp_attention_heads documents). */
+dtl_status dtl__tp_heads(const dtl_tp_context *ctx, const char *fn, int64_t q_heads, int64_t kv_heads, int r,
+                         dtl_tp_range *q, dtl_tp_range *kv);
+
+/* The fused-QKV row ranges of this rank ({q heads, k heads, v heads} x head_dim rows), checked. */
+typedef struct {
+  int64_t row_off, rows;
+} dtl__tp_rows;
+dtl_status dtl__tp_qkv_rows(const dtl_tp_context *ctx, const char *fn, int64_t q_heads, int64_t kv_heads,
+                           int64_t head_dim, dtl__tp_rows *rows);
+
+/* A local weight shard [rows, cols] with an optional bias [rows], both copied into ctx memory. A
+ * column-parallel projection adds its bias in the GEMM; a row-parallel one hands it to dtl__tp_reduce,
+ * which adds it once after the reduction. */
+typedef struct {
+  int64_t rows, cols;
+  void *w, *bias;
+} dtl__tp_proj;
+/* Builds a projection from a dense source: the listed row ranges of w [*, in] restricted to the columns
+ * [col_off, col_off + cols), and the same row ranges of bias (NULL = none). */
+dtl_status dtl__tp_proj_init(dtl_tp_context *ctx, const char *fn, dtl__tp_proj *p, const void *w, int64_t in,
+                             const dtl__tp_rows *ranges, int nranges, int64_t col_off, int64_t cols, const void *bias);
+void dtl__tp_proj_fini(dtl_tp_context *ctx, dtl__tp_proj *p);
+/* y[T, rows] (leading dim ldy) = x[T, cols] (leading dim ldx) * w^T (+ bias when with_bias). */
+dtl_status dtl__tp_proj_apply(dtl_tp_context *ctx, const dtl__tp_proj *p, bool with_bias, int64_t tokens, const void *x,
+                              int64_t ldx, void *y, int64_t ldy);
+
+/* Packs the given row ranges of a row-major [*, ld] array, columns [col_off, col_off + cols), into dst. */
+dtl_status dtl__tp_pack_rows(dtl_tp_context *ctx, const void *src, int64_t src_rows, int64_t ld,
+                             const dtl__tp_rows *ranges, int nranges, int64_t col_off, int64_t cols, void *dst);
+
+/* Communication cores (arguments already checked). tokens x features activations in ctx memory. */
+dtl_status dtl__tp_reduce(dtl_tp_context *ctx, int64_t tokens, int64_t features, bool sequence_parallel,
+                          const void *partial, const void *bias, void *y);
+dtl_status dtl__tp_gather_columns(dtl_tp_context *ctx, int64_t tokens, int64_t features, const void *y_local, void *y);
+dtl_status dtl__tp_gather_tokens(dtl_tp_context *ctx, int64_t tokens, int64_t features, const void *x_local, void *x);
+
+/* The input of a layer: checks x_layout ([T, features] with on_tp on the TP dim) and x; with sequence
+ * parallelism (on_tp = S(0)) all-gathers the token shards into scratch. *xin gets the whole [T, features]. */
+dtl_status dtl__tp_input(dtl_tp_context *ctx, const char *fn, const dtl_layout *x_layout, int64_t features,
+                         dtl_placement on_tp, const void *x, int64_t *tokens, const void **xin);
+
+/* The layouts a layer states: [tokens, features] with on_tp on the TP dim. */
+dtl_status dtl__tp_layout(const dtl_tp_context *ctx, int64_t tokens, int64_t features, dtl_placement on_tp,
+                          dtl_layout **out);
+/* Both layouts of a layer, or neither (on failure nothing is returned). */
+dtl_status dtl__tp_layouts(const dtl_tp_context *ctx, const char *fn, int64_t tokens, int64_t in_features,
+                           dtl_placement in_p, int64_t out_features, dtl_placement out_p, dtl_layout **in,
+                           dtl_layout **out);
+
+#endif

@@ -16,14 +16,13 @@
 #include <dtl.h>
 #include <dtl/mpi.h>
 
-#define TRY(call)                                                                                  \
-  do {                                                                                             \
-    dtl_status s_ = (call);                                                                        \
-    if (s_ != DTL_OK) {                                                                            \
-      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, dtl_status_name(s_), dtl_last_error()); \
-      MPI_Abort(MPI_COMM_WORLD, 1);                                                                \
-    }                                                                                              \
-  } while (0)
+/* Any failure ends the run: a benchmark has nothing to fall back to. */
+static void ok_or_abort(dtl_status s, int line) {
+  if (s == DTL_OK) return;
+  fprintf(stderr, "dtl_moe_perf.c:%d: %s: %s\n", line, dtl_status_name(s), dtl_last_error());
+  MPI_Abort(MPI_COMM_WORLD, 1);
+}
+#define TRY(call) ok_or_abort((call), __LINE__)
 
 static long long parse_size(const char *s) {
   char *end;

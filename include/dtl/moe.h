@@ -180,8 +180,9 @@ DTL_API dtl_status dtl_moe_experts_run(const dtl_moe_layout *L, const void *expe
 
 /* The SiLU-gated MLP expert (SwiGLU, as in Mixtral / Llama): out = (silu(in W_gate^T) * (in W_up^T)) W_down^T
  * with W_gate, W_up [ffn, hidden] and W_down [hidden, ffn], row-major f32, one set per local expert
- * (arrays indexed by the local index). Host memory and DTL_FLOAT32 only for now (DTL_ERR_UNSUPPORTED
- * otherwise). Use as dtl_moe_experts_run(L, in, out, dtl_moe_mlp_forward, &mlp). */
+ * (arrays indexed by the local index), through the GEMM of the tensor-parallel layers. Like those layers it
+ * computes on the host in DTL_FLOAT32 (DTL_ERR_UNSUPPORTED otherwise; device experts are user callbacks).
+ * Use as dtl_moe_experts_run(L, in, out, dtl_moe_mlp_forward, &mlp). */
 typedef struct {
   int64_t hidden, ffn;
   int local_experts; /* entries in each array below */

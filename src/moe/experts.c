@@ -1,11 +1,11 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Expert compute: the per-local-expert callback loop over a layout's expert blocks, and the ready SiLU-gated
- * MLP expert. The MLP's matrix products go through dtl__moe_gemm_nt, the one place that names a GEMM. */
-#include <cblas.h>
-#include <limits.h>
+ * MLP expert, whose matrix products go through the TP layers' GEMM (src/tp/gemm.h). */
+#include <stdint.h>
 #include <math.h>
 #include <stdlib.h>
 #include "moe/moe_internal.h"
+#include "tp/gemm.h"
 
 dtl_status dtl_moe_experts_run(const dtl_moe_layout *L, const void *expert_in, void *expert_out, dtl_moe_expert_fn fn,
                                void *user) {
@@ -35,9 +35,10 @@ dtl_status dtl_moe_experts_run(const dtl_moe_layout *L, const void *expert_in, v
   return DTL_OK;
 }
 
-/* C[m, n] = A[m, kk] B[n, kk]^T, row-major f32 on the host. The TP layers' GEMM will take its place here. */
-static void dtl__moe_gemm_nt(int m, int n, int kk, const float *A, const float *B, float *C) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, kk, 1.0f, A, kk, B, kk, 0.0f, C, n);
+/* C[m, n] = A[m, kk] B[n, kk]^T, row-major f32 on the host. */
+static dtl_status dtl__moe_gemm_nt(int64_t m, int64_t n, int64_t kk, const float *A, const float *B, float *C) {
+  dtl__gemm_engine host = dtl__gemm_engine_host();
+  return dtl__gemm(&host, DTL_FLOAT32, m, n, kk, 1.0f, A, kk, B, kk, 0.0f, C, n);
 }
 
 dtl_status dtl_moe_mlp_forward(const dtl_moe_expert_batch *b, void *user) {
@@ -57,25 +58,28 @@ dtl_status dtl_moe_mlp_forward(const dtl_moe_expert_batch *b, void *user) {
   const float *wg = mlp->w_gate[b->local], *wu = mlp->w_up[b->local], *wd = mlp->w_down[b->local];
   DTL_CHECK_ARG(wg && wu && wd, name, "weights of local expert %d are NULL", b->local);
   if (b->rows == 0) return DTL_OK;
-  if (b->rows > INT_MAX || mlp->ffn > INT_MAX || mlp->hidden > INT_MAX)
-    return dtl__error_fn(DTL_ERR_UNSUPPORTED, name, "rows=%lld, ffn=%lld or hidden=%lld exceed INT_MAX (BLAS ints)",
-                         (long long)b->rows, (long long)mlp->ffn, (long long)mlp->hidden);
-  int m = (int)b->rows, f = (int)mlp->ffn, h = (int)mlp->hidden;
-  float *gate = malloc(sizeof(float) * (size_t)m * (size_t)f);
-  float *up = malloc(sizeof(float) * (size_t)m * (size_t)f);
+  const int64_t m = b->rows, f = mlp->ffn, h = mlp->hidden;
+  size_t cells;
+  DTL_CHECK_ARG(dtl__mul_size((size_t)m, (size_t)f, &cells) && cells <= SIZE_MAX / sizeof(float), name,
+                "rows=%lld x ffn=%lld overflows", (long long)m, (long long)f);
+  float *gate = malloc(sizeof(float) * cells);
+  float *up = malloc(sizeof(float) * cells);
   if (!gate || !up) {
     free(gate);
     free(up);
-    return dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, name, "out of host memory for %d x %d activations", m, f);
+    return dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, name, "out of host memory for %lld x %lld activations", (long long)m,
+                         (long long)f);
   }
-  dtl__moe_gemm_nt(m, f, h, b->in, wg, gate);
-  dtl__moe_gemm_nt(m, f, h, b->in, wu, up);
-  for (size_t i = 0; i < (size_t)m * (size_t)f; i++) {
-    float g = gate[i];
-    gate[i] = g / (1.0f + expf(-g)) * up[i]; /* silu(g) * u */
+  dtl_status st = dtl__moe_gemm_nt(m, f, h, b->in, wg, gate);
+  if (st == DTL_OK) st = dtl__moe_gemm_nt(m, f, h, b->in, wu, up);
+  if (st == DTL_OK) {
+    for (size_t i = 0; i < cells; i++) {
+      float g = gate[i];
+      gate[i] = g / (1.0f + expf(-g)) * up[i]; /* silu(g) * u */
+    }
+    st = dtl__moe_gemm_nt(m, h, f, gate, wd, b->out);
   }
-  dtl__moe_gemm_nt(m, h, f, gate, wd, b->out);
   free(gate);
   free(up);
-  return DTL_OK;
+  return st;
 }

@@ -106,9 +106,14 @@ typedef struct {
    * GEMMs. Padding rows of expert_in are zero after dispatch; those of expert_out are never read. */
   int64_t pad_multiple;
   dtl_moe_exchange exchange;
-  /* Non-zero: dispatch and combine first check, with one small all-reduce on the host communicator, that
-   * every rank passes a layout of the same collective creation (DTL_ERR_MISMATCH otherwise, before any row
-   * moves). Zero saves that all-reduce (a few microseconds) per call. */
+  /* Non-zero: dispatch and combine first run one small all-reduce on the host communicator that carries
+   * (a) every rank's verdict on its own arguments, so a NULL buffer on one rank fails every rank instead of
+   * leaving the others in the all-to-all, and (b) the layout's id, drawn at creation and equal on all ranks
+   * of one dtl_moe_layout_create: a rank passing a layout of another creation (e.g. a stale decode step
+   * whose counts its peers no longer expect) gets DTL_ERR_MISMATCH on every rank before any row moves.
+   * Layouts of one creation always agree on every count, so nothing else can disagree. Zero saves that
+   * all-reduce (a few microseconds) per call; a mix of layouts then goes undetected (the engine may fail
+   * with DTL_ERR_COMM, hang or deliver rows to the wrong places). */
   int verify;
   /* A host (MPI) communicator over the same processes in the same rank order as c, for the count exchange
    * and the checks; it must outlive the layout. */
@@ -131,7 +136,7 @@ typedef struct {
 DTL_API dtl_status dtl_moe_layout_create(dtl_comm *c, const dtl_moe_placement *p, int64_t tokens, int k,
                                          const int32_t *ids, const float *weights, int64_t hidden, dtl_dtype dtype,
                                          const dtl_moe_layout_params *params, dtl_moe_layout **out);
-/* Local. Frees the staging; the communicators stay the caller's. */
+/* Local. Frees the staging (before the communicators are destroyed); the communicators stay the caller's. */
 DTL_API void dtl_moe_layout_destroy(dtl_moe_layout *L);
 
 /* Rows of the expert buffers (expert_in, expert_out) on this rank, padding included: each buffer holds
@@ -149,7 +154,9 @@ DTL_API dtl_status dtl_moe_layout_expert_counts(const dtl_moe_layout *L, int64_t
 DTL_API dtl_status dtl_moe_layout_token_counts(const dtl_moe_layout *L, int64_t *kept, int64_t *dropped);
 
 /* Collective. x [tokens, hidden] -> expert_in [expert_rows, hidden], both in the communicator's memory, in
- * the dispatch order above. x is not modified. Callable any number of times with the same layout. */
+ * the dispatch order above. x is not modified. Callable any number of times with the same layout; one
+ * layout serves one dispatch or combine at a time (they share its staging). On a device communicator the
+ * work is enqueued on its stream. */
 DTL_API dtl_status dtl_moe_layout_dispatch(dtl_moe_layout *L, const void *x, void *expert_in);
 /* Collective. expert_out [expert_rows, hidden] (rows in dispatch order) -> y [tokens, hidden]:
  * y[t] = sum over slots s = 0..k-1 of weights[t, s] * (the expert's output row for (t, s)), summed in slot

@@ -8,7 +8,8 @@
  *                              [-x auto|per_expert|single] [-v verify 0|1]
  * -b/-e/-f step the tokens per rank (K/M/G suffixes). Columns: size = bytes each rank sends per direction,
  * count = tokens per rank, time = dispatch + combine (us), algbw = 2 x size / time, busbw = algbw x (p-1)/p,
- * raw = the two MPI_Alltoallv (us), ratio = time / raw, layout = dtl_moe_layout_create (us). */
+ * raw = the two MPI_Alltoallv (us), ratio = time / raw, layout = dtl_moe_layout_create (us), xchg = the
+ * exchange the layout chose (per_expert: one all-to-all-v per local-expert index; single: one, plus a regroup). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -96,8 +97,8 @@ int main(int argc, char **argv) {
   if (rank == 0) {
     printf("# dtl_moe_perf: %d ranks, %d experts, top-%d, hidden %d, f32, exchange %s, verify %d, iters %d, warmup %d\n",
            size, experts, k, hidden, exchange_name, verify, iters, warmup);
-    printf("# %12s %8s %5s %10s %8s %8s %7s %10s %6s %10s\n", "size(B)", "count", "type", "time(us)", "algbw",
-           "busbw", "#wrong", "raw(us)", "ratio", "layout(us)");
+    printf("# %12s %8s %5s %10s %8s %8s %7s %10s %6s %10s %11s\n", "size(B)", "count", "type", "time(us)", "algbw",
+           "busbw", "#wrong", "raw(us)", "ratio", "layout(us)", "xchg");
   }
   double *td = malloc(sizeof(double) * (size_t)iters), *tr = malloc(sizeof(double) * (size_t)iters);
   for (long long tokens = tmin; tokens <= tmax; tokens *= factor) {
@@ -178,8 +179,9 @@ int main(int argc, char **argv) {
     double bytes = (double)T * k * H * sizeof(float);
     double algbw = 2 * bytes / time / 1e9;
     if (rank == 0)
-      printf("  %12.0f %8lld %5s %10.1f %8.2f %8.2f %7lld %10.1f %6.2f %10.1f\n", bytes, tokens, "f32", time * 1e6,
-             algbw, algbw * (size - 1) / size, gwrong, rawt * 1e6, time / rawt, layout * 1e6);
+      printf("  %12.0f %8lld %5s %10.1f %8.2f %8.2f %7lld %10.1f %6.2f %10.1f %11s\n", bytes, tokens, "f32", time * 1e6,
+             algbw, algbw * (size - 1) / size, gwrong, rawt * 1e6, time / rawt, layout * 1e6,
+             dtl_moe_layout_exchange(L) == DTL_MOE_EXCHANGE_SINGLE ? "single" : "per_expert");
     dtl_moe_layout_destroy(L);
     free(x); free(y); free(logits); free(ids); free(w); free(ein); free(kept);
     free(sc); free(rc); free(sd); free(rd); free(rs); free(rr);

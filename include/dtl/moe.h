@@ -84,7 +84,8 @@ typedef enum {
  * group) and lands every row at its final place: no copy besides the pack. SINGLE runs one all-to-all-v and
  * regroups the received rows by expert (one more local copy each way, fewer collective calls: better for
  * small messages, e.g. decode). AUTO picks PER_EXPERT when there is one expert per rank or the average
- * message is at least DTL_MOE_SINGLE_EXCHANGE_BYTES, SINGLE otherwise (the same choice on every rank). */
+ * message is at least DTL_MOE_SINGLE_EXCHANGE_BYTES, SINGLE otherwise (the same choice on every rank). With at
+ * most one expert per rank the two coincide and a layout reports PER_EXPERT. */
 typedef enum { DTL_MOE_EXCHANGE_AUTO, DTL_MOE_EXCHANGE_PER_EXPERT, DTL_MOE_EXCHANGE_SINGLE } dtl_moe_exchange;
 #define DTL_MOE_SINGLE_EXCHANGE_BYTES (64 * 1024)
 
@@ -144,6 +145,9 @@ DTL_API void dtl_moe_layout_destroy(dtl_moe_layout *L);
 DTL_API int64_t dtl_moe_layout_expert_rows(const dtl_moe_layout *L);
 /* This rank's local expert count; -1 for NULL. */
 DTL_API int dtl_moe_layout_local_experts(const dtl_moe_layout *L);
+/* How this layout's rows travel: DTL_MOE_EXCHANGE_PER_EXPERT or DTL_MOE_EXCHANGE_SINGLE (AUTO resolved, the
+ * same on every rank); DTL_MOE_EXCHANGE_AUTO for NULL. */
+DTL_API dtl_moe_exchange dtl_moe_layout_exchange(const dtl_moe_layout *L);
 /* The capacity per (this rank, expert); -1 when dropless or for NULL. */
 DTL_API int64_t dtl_moe_layout_capacity(const dtl_moe_layout *L);
 /* For each local expert j (0..local_experts-1): rows[j] received (from every rank, padding excluded) and

@@ -419,6 +419,7 @@ fail:
 int64_t dtl_moe_layout_expert_rows(const dtl_moe_layout *L) { return L ? L->expert_rows : -1; }
 int dtl_moe_layout_local_experts(const dtl_moe_layout *L) { return L ? L->local_experts : -1; }
 int64_t dtl_moe_layout_capacity(const dtl_moe_layout *L) { return L ? L->capacity : -1; }
+dtl_moe_exchange dtl_moe_layout_exchange(const dtl_moe_layout *L) { return L ? L->exchange : DTL_MOE_EXCHANGE_AUTO; }
 
 dtl_status dtl_moe_layout_expert_counts(const dtl_moe_layout *L, int64_t *rows, int64_t *offset) {
   DTL_CHECK_ARG(L != NULL, "dtl_moe_layout_expert_counts", "layout=NULL");

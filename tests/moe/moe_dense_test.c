@@ -157,6 +157,14 @@ static void run_exact(const char *name, const scenario *sc, uint64_t seed) {
   CHECK_OK(dtl_moe_layout_create(g_comm, pl, mine->tokens, k, mine->ids, mine->w, H, sc->dtype, &prm, &L));
   if (!L) goto out;
 
+  int max_local = 0;
+  for (int r = 0; r < P; r++)
+    if (dtl_moe_placement_local_count(pl, r) > max_local) max_local = dtl_moe_placement_local_count(pl, r);
+  if (sc->exchange != DTL_MOE_EXCHANGE_AUTO)
+    CHECK(dtl_moe_layout_exchange(L) == (max_local == 1 ? DTL_MOE_EXCHANGE_PER_EXPERT : sc->exchange),
+          "exchange %d (asked for %d, max local experts %d)", (int)dtl_moe_layout_exchange(L), (int)sc->exchange,
+          max_local);
+
   /* Counts: this rank's kept and dropped pairs per expert. */
   int64_t *kept = calloc((size_t)E, sizeof(int64_t)), *dropped = calloc((size_t)E, sizeof(int64_t));
   CHECK_OK(dtl_moe_layout_token_counts(L, kept, dropped));

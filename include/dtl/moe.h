@@ -20,7 +20,8 @@
  * receiving rank the rows of each local expert form one contiguous block (local experts in increasing
  * global id); inside a block come this rank's own tokens first, then those of the other ranks in increasing
  * rank order, each source in its original token order (for one token routed twice to an expert: slot
- * order). The inverse of that permutation is what combine applies. */
+ * order). The inverse of that permutation is what combine applies. Only token rows travel: ids and weights
+ * stay on the token's own rank, where combine applies the weights to the rows that come back. */
 #ifndef DTL_MOE_H
 #define DTL_MOE_H
 

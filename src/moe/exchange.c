@@ -73,83 +73,87 @@ dtl_status dtl_moe_layout_dispatch(dtl_moe_layout *L, const void *x, void *exper
   return DTL_OK;
 }
 
-/* acc[0..n) = w * in[0..n) (first slot) or acc += w * in. The f32 path of combine is bound by this loop, which
- * -O2 does not vectorize (unknown trip count), so it is written with 8-lane vector types; every lane does
- * the scalar tail's arithmetic, so results do not depend on H. */
-#if defined(__GNUC__)
-typedef float dtl__v8f __attribute__((vector_size(32)));
+/* out[h] = w[0] * in[0][h] + w[1] * in[1][h] + ... in slot order, products and sums rounded one at a time, in
+ * one pass over the token's rows. The f32 kernel is the combine's hot loop: -O2 does not vectorize it
+ * (unknown trip count), so it runs 8 lanes at a time in vector types, every lane with the scalar tail's
+ * arithmetic (results do not depend on H or on the clone), and x86-64 also gets an AVX2 clone (no FMA, so
+ * the rounding stays that of the scalar code). */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__)
+#define DTL__CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define DTL__CLONES
 #endif
-static void dtl__scale_add_f32(float *restrict acc, const float *restrict in, float w, int64_t n, bool first) {
+DTL__CLONES
+static void dtl__weighted_sum_f32(float *restrict out, const float *const *in, const float *w, int n, int64_t H) {
   int64_t h = 0;
 #if defined(__GNUC__)
-  const dtl__v8f wv = {w, w, w, w, w, w, w, w};
-  dtl__v8f a, x;
-  if (first)
-    for (; h + 8 <= n; h += 8) {
-      memcpy(&x, in + h, sizeof x);
-      a = wv * x;
-      memcpy(acc + h, &a, sizeof a);
-    }
-  else
-    for (; h + 8 <= n; h += 8) {
-      memcpy(&x, in + h, sizeof x);
-      memcpy(&a, acc + h, sizeof a);
+  typedef float v8f __attribute__((vector_size(32)));
+  for (; h + 8 <= H; h += 8) {
+    v8f a, x, wv;
+    memcpy(&x, in[0] + h, sizeof x);
+    wv = (v8f){w[0], w[0], w[0], w[0], w[0], w[0], w[0], w[0]};
+    a = wv * x;
+    for (int s = 1; s < n; s++) {
+      memcpy(&x, in[s] + h, sizeof x);
+      wv = (v8f){w[s], w[s], w[s], w[s], w[s], w[s], w[s], w[s]};
       a += wv * x;
-      memcpy(acc + h, &a, sizeof a);
     }
+    memcpy(out + h, &a, sizeof a);
+  }
 #endif
-  for (; h < n; h++) acc[h] = first ? w * in[h] : acc[h] + w * in[h];
+  for (; h < H; h++) {
+    float a = w[0] * in[0][h];
+    for (int s = 1; s < n; s++) a += w[s] * in[s][h];
+    out[h] = a;
+  }
 }
 
-/* One token at a time: acc = sum over its kept slots, in slot order, of weight * expert output row, then
- * FINISH stores acc into out. f32/f64 accumulate in the output row itself (FINISH empty); f16/bf16 in an f32
- * row converted once per token. ADD(acc, in, w, first) accumulates one slot. */
-#define DTL__COMBINE(T, ACC, ACC_ROW, ADD, FINISH)                                                  \
-  for (int64_t t = 0; t < L->tokens; t++) {                                                          \
-    T *out = (T *)y + t * H;                                                                         \
-    ACC *acc = (ACC_ROW);                                                                            \
-    int used = 0;                                                                                    \
-    for (int s = 0; s < k; s++) {                                                                    \
-      int64_t r = L->slot_row[t * k + s];                                                            \
-      if (r < 0) continue;                                                                           \
-      const T *in = (const T *)(r < L->send_rows ? dtl__row(L->send_buf, r, rb)                      \
-                                                 : dtl__row(expert_out, r - L->send_rows, rb));       \
-      ADD(acc, in, (ACC)L->weights[t * k + s], used++ == 0);                                         \
-    }                                                                                                \
-    if (!used)                                                                                       \
-      for (int64_t h = 0; h < H; h++) acc[h] = 0;                                                    \
-    FINISH;                                                                                          \
-  }
-#define DTL__ADD_F32(acc, in, w, first) dtl__scale_add_f32(acc, in, w, H, first)
-/* The other dtypes: the same arithmetic on one element at a time, converting 16-bit floats to f32 first. */
-#define DTL__ADD_CONVERT(acc, in, w, first, TO)                                                \
-  do {                                                                                          \
-    const bool first_ = (first);                                                                \
-    for (int64_t h = 0; h < H; h++) acc[h] = first_ ? (w) * TO(in[h]) : acc[h] + (w) * TO(in[h]); \
+/* The same sum for the other dtypes, element by element: ACC is the accumulator type, TO/FROM convert. */
+#define DTL__WEIGHTED_SUM(T, ACC, TO, FROM)                                     \
+  do {                                                                          \
+    const T *const *in_ = (const T *const *)in;                                 \
+    T *out_ = (T *)out;                                                         \
+    for (int64_t h = 0; h < H; h++) {                                           \
+      ACC a = (ACC)w[0] * TO(in_[0][h]);                                        \
+      for (int s = 1; s < n; s++) a += (ACC)w[s] * TO(in_[s][h]);               \
+      out_[h] = FROM(a);                                                        \
+    }                                                                           \
   } while (0)
-#define DTL__ADD_F64(acc, in, w, first) DTL__ADD_CONVERT(acc, in, w, first, DTL__AS_IS)
-#define DTL__ADD_F16(acc, in, w, first) DTL__ADD_CONVERT(acc, in, w, first, dtl__f16_to_f32)
-#define DTL__ADD_BF16(acc, in, w, first) DTL__ADD_CONVERT(acc, in, w, first, dtl__bf16_to_f32)
 #define DTL__AS_IS(v) (v)
-#define DTL__STORE_ROW(STORE) \
-  for (int64_t h = 0; h < H; h++) out[h] = STORE(acc[h])
 
 static dtl_status dtl__combine_host(const dtl_moe_layout *L, const void *expert_out, void *y) {
   const int64_t H = L->hidden;
   const int k = L->k;
   const size_t rb = L->row_bytes;
-  switch (L->dtype) {
-    case DTL_FLOAT32: DTL__COMBINE(float, float, out, DTL__ADD_F32, (void)0) return DTL_OK;
-    case DTL_FLOAT64: DTL__COMBINE(double, double, out, DTL__ADD_F64, (void)0) return DTL_OK;
-    default: break;
+  const void **in = malloc(sizeof(void *) * (size_t)k);
+  float *w = malloc(sizeof(float) * (size_t)k);
+  if (!in || !w) {
+    free(in);
+    free(w);
+    return dtl__error(DTL_ERR_OUT_OF_MEMORY, "dtl_moe_layout_combine: out of host memory");
   }
-  float *row = malloc(sizeof(float) * (size_t)H);
-  if (!row) return dtl__error(DTL_ERR_OUT_OF_MEMORY, "dtl_moe_layout_combine: out of host memory");
-  if (L->dtype == DTL_FLOAT16)
-    DTL__COMBINE(uint16_t, float, row, DTL__ADD_F16, DTL__STORE_ROW(dtl__f32_to_f16))
-  else
-    DTL__COMBINE(uint16_t, float, row, DTL__ADD_BF16, DTL__STORE_ROW(dtl__f32_to_bf16))
-  free(row);
+  for (int64_t t = 0; t < L->tokens; t++) {
+    int n = 0;
+    for (int s = 0; s < k; s++) { /* this token's kept slots, in slot order */
+      int64_t r = L->slot_row[t * k + s];
+      if (r < 0) continue;
+      in[n] = r < L->send_rows ? dtl__row(L->send_buf, r, rb) : dtl__row(expert_out, r - L->send_rows, rb);
+      w[n++] = L->weights[t * k + s];
+    }
+    void *out = dtl__row(y, t, rb);
+    if (n == 0) {
+      memset(out, 0, rb); /* +0 in every floating dtype */
+      continue;
+    }
+    switch (L->dtype) {
+      case DTL_FLOAT32: dtl__weighted_sum_f32(out, (const float *const *)in, w, n, H); break;
+      case DTL_FLOAT64: DTL__WEIGHTED_SUM(double, double, DTL__AS_IS, DTL__AS_IS); break;
+      case DTL_FLOAT16: DTL__WEIGHTED_SUM(uint16_t, float, dtl__f16_to_f32, dtl__f32_to_f16); break;
+      default: DTL__WEIGHTED_SUM(uint16_t, float, dtl__bf16_to_f32, dtl__f32_to_bf16); break;
+    }
+  }
+  free(in);
+  free(w);
   return DTL_OK;
 }
 

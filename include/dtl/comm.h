@@ -36,42 +36,87 @@ DTL_API dtl_status dtl_comm_abort(dtl_comm *c);
 /* Blocks until every rank has arrived. */
 DTL_API dtl_status dtl_barrier(dtl_comm *c);
 
+/* Buffers. A buffer of zero elements may be NULL. The send and recv buffers of one call must not overlap,
+ * except in the in-place form documented on each call; the in-place forms of the all-rank collectives
+ * (all_gather(v), all_reduce, reduce_scatter(v), all_to_all(v)) must be used by every rank of the call or by
+ * none (an MPI rule). A failed argument check writes no buffer and returns before any communication; a
+ * check that only some ranks fail (a root-only buffer, say) leaves the other ranks waiting in the engine. */
+
 /* --- Root-based collectives. root is a rank of c. ------------------------------------------------ */
-/* In place: buf on root is the source, on the others the destination. */
+/* buf on root is the source, on the others the destination. */
 DTL_API dtl_status dtl_broadcast(dtl_comm *c, void *buf, size_t count, dtl_dtype t, int root);
-/* send (size*recv_count elements, read on root only) -> recv_count elements on each rank, in rank order.
- * On root, recv may equal send + rank*recv_count (in place). */
+/* send (size*recv_count elements, read on root only, may be NULL elsewhere) -> recv_count elements on each
+ * rank, block r to rank r. In place on root: recv == send + root*recv_count (root's block stays). */
 DTL_API dtl_status dtl_scatter(dtl_comm *c, const void *send, void *recv, size_t recv_count, dtl_dtype t, int root);
-/* send_count elements from each rank -> size*send_count elements on root in rank order (recv read on root only). */
+/* send_count elements from each rank -> size*send_count elements on root in rank order (recv is written on
+ * root only, may be NULL elsewhere). In place on root: send == recv + root*send_count. */
 DTL_API dtl_status dtl_gather(dtl_comm *c, const void *send, void *recv, size_t send_count, dtl_dtype t, int root);
-/* Element-wise reduction of count elements; the result lands in recv on root only. send == recv is in place. */
+/* Element-wise reduction of count elements into recv on root (recv may be NULL elsewhere).
+ * In place on root: send == recv. */
 DTL_API dtl_status dtl_reduce(dtl_comm *c, const void *send, void *recv, size_t count, dtl_dtype t, dtl_reduce_op op, int root);
 
 /* --- All-rank collectives. -------------------------------------------------------------------------- */
-/* send_count from each rank -> size*send_count in rank order on every rank. send == recv + rank*send_count is in place. */
+/* send_count from each rank -> size*send_count in rank order on every rank.
+ * In place: send == recv + rank*send_count. */
 DTL_API dtl_status dtl_all_gather(dtl_comm *c, const void *send, void *recv, size_t send_count, dtl_dtype t);
 /* Uneven all-gather: rank r contributes recv_counts[r] elements (send_count must equal recv_counts[rank]);
- * recv holds the contributions packed in rank order. Zero counts are allowed. */
+ * recv holds the contributions packed in rank order. Zero counts are allowed.
+ * In place: send == recv + (recv_counts[0] + ... + recv_counts[rank-1]). */
 DTL_API dtl_status dtl_all_gatherv(dtl_comm *c, const void *send, size_t send_count, void *recv,
                                    const size_t *recv_counts, dtl_dtype t);
-/* send == recv is in place. */
+/* In place: send == recv. */
 DTL_API dtl_status dtl_all_reduce(dtl_comm *c, const void *send, void *recv, size_t count, dtl_dtype t, dtl_reduce_op op);
-/* send holds size*recv_count elements; rank r receives block r of the reduction. */
+/* send holds size*recv_count elements; rank r receives block r of the reduction.
+ * In place: recv == send + rank*recv_count (NCCL's convention); the rest of send is then clobbered. */
 DTL_API dtl_status dtl_reduce_scatter(dtl_comm *c, const void *send, void *recv, size_t recv_count, dtl_dtype t, dtl_reduce_op op);
 /* Uneven reduce-scatter: send holds sum(recv_counts) elements packed in rank order; rank r receives
- * the reduction of block r (recv_counts[r] elements, zero allowed). */
+ * the reduction of block r (recv_counts[r] elements, zero allowed).
+ * In place: recv == send + (recv_counts[0] + ... + recv_counts[rank-1]); the rest of send is then clobbered. */
 DTL_API dtl_status dtl_reduce_scatterv(dtl_comm *c, const void *send, void *recv, const size_t *recv_counts,
                                        dtl_dtype t, dtl_reduce_op op);
-/* Block j (count_per_peer elements) of send goes to rank j; block i of recv came from rank i. */
+/* Block j (count_per_peer elements) of send goes to rank j; block i of recv came from rank i.
+ * In place: send == recv (MPI transport only; the NCCL transport rejects it). */
 DTL_API dtl_status dtl_all_to_all(dtl_comm *c, const void *send, void *recv, size_t count_per_peer, dtl_dtype t);
 /* Variable all-to-all: send_counts[j] elements go to rank j, recv_counts[i] arrive from rank i, both
- * packed in rank order. Counts must agree pairwise across ranks; zero counts are allowed. */
+ * packed in rank order. Counts must agree pairwise across ranks; zero counts are allowed.
+ * In place: send == recv with send_counts[i] == recv_counts[i] for every i (MPI transport only). */
 DTL_API dtl_status dtl_all_to_allv(dtl_comm *c, const void *send, const size_t *send_counts,
                                    void *recv, const size_t *recv_counts, dtl_dtype t);
 
-/* --- Point to point. peer may equal the own rank only for a matching send/recv pair on one thread
- * of a backend that buffers (not recommended). ------------------------------------------------------- */
+/* --- Nonblocking all-rank collectives. ----------------------------------------------------------------
+ * Each *_async call checks its arguments like the blocking form, starts the operation and stores a request
+ * in *req. The buffers (and count arrays) belong to the operation until dtl_wait returns: do not touch
+ * them before. Every request must be passed to dtl_wait exactly once. A transport without nonblocking
+ * collectives (NCCL: its calls are already asynchronous on the communicator's stream) returns
+ * DTL_ERR_UNSUPPORTED. Blocking and nonblocking collectives on one communicator are started in the same
+ * order on every rank, like all collectives. */
+typedef struct dtl_request dtl_request;
+
+DTL_API dtl_status dtl_all_gather_async(dtl_comm *c, const void *send, void *recv, size_t send_count, dtl_dtype t,
+                                        dtl_request **req);
+DTL_API dtl_status dtl_all_gatherv_async(dtl_comm *c, const void *send, size_t send_count, void *recv,
+                                         const size_t *recv_counts, dtl_dtype t, dtl_request **req);
+DTL_API dtl_status dtl_all_reduce_async(dtl_comm *c, const void *send, void *recv, size_t count, dtl_dtype t,
+                                        dtl_reduce_op op, dtl_request **req);
+DTL_API dtl_status dtl_reduce_scatter_async(dtl_comm *c, const void *send, void *recv, size_t recv_count, dtl_dtype t,
+                                            dtl_reduce_op op, dtl_request **req);
+DTL_API dtl_status dtl_all_to_all_async(dtl_comm *c, const void *send, void *recv, size_t count_per_peer, dtl_dtype t,
+                                        dtl_request **req);
+DTL_API dtl_status dtl_all_to_allv_async(dtl_comm *c, const void *send, const size_t *send_counts, void *recv,
+                                         const size_t *recv_counts, dtl_dtype t, dtl_request **req);
+/* Blocks until the operation is complete (results in place, DTL_AVG divided), frees req and returns the
+ * operation's status. */
+DTL_API dtl_status dtl_wait(dtl_request *req);
+/* *done = 1 when the transfer is complete (a following dtl_wait returns at once; results are final only after
+ * dtl_wait), else 0. Does not free req. */
+DTL_API dtl_status dtl_test(dtl_request *req, int *done);
+
+/* --- Point to point. peer is a rank of c other than the own rank (a blocking message to oneself can
+ * deadlock: DTL_ERR_UNSUPPORTED; copy locally instead). Messages between two ranks arrive in the order
+ * sent. --------------------------------------------------------------------------------------------------- */
+/* count elements to peer. */
 DTL_API dtl_status dtl_send(dtl_comm *c, const void *buf, size_t count, dtl_dtype t, int peer);
+/* count elements from peer; DTL_ERR_MISMATCH when peer sent fewer, DTL_ERR_COMM when it sent more. */
 DTL_API dtl_status dtl_recv(dtl_comm *c, void *buf, size_t count, dtl_dtype t, int peer);
 
 #ifdef __cplusplus

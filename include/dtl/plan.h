@@ -13,9 +13,13 @@ extern "C" {
 
 typedef struct dtl_plan dtl_plan;
 
-/* Cost model: a step costs rounds * alpha_s + bytes moved per rank * beta_s_per_byte; purely local steps
- * cost bytes touched * local_beta_s_per_byte. Fields are read only when their bit is set in mask; a zeroed
- * struct means the defaults of the mesh's engine (also overridable with DTL_PLAN_TUNE, see README). */
+/* Cost model: a collective on p ranks costs (ring rounds + 1) * alpha_s (the 1 is the call itself) plus
+ * bytes per rank * beta_s_per_byte; purely local steps cost bytes touched * local_beta_s_per_byte. Ring
+ * rounds and bytes: all-gather p-1, the bytes received; all-reduce 2(p-1), 2(p-1)/p of the shard;
+ * reduce-scatter p-1, the shard less the block kept; all-to-all p-1, the larger of the bytes sent and
+ * received. Bytes are the maximum over all ranks of the mesh, from the global shape (uneven shards
+ * included), so every rank prices every step the same. Fields are read only when their bit is set in
+ * mask; a zeroed struct means the defaults of the mesh's engine (also overridable with DTL_PLAN_TUNE). */
 #define DTL_COST_ALPHA (1u << 0)
 #define DTL_COST_BETA (1u << 1)
 #define DTL_COST_LOCAL_BETA (1u << 2)
@@ -26,8 +30,26 @@ typedef struct {
   double local_beta_s_per_byte;
 } dtl_cost_model;
 
-/* src and dst must share mesh, dtype and global shape. Unsupported transitions (S->P, P(a)->P(b)) return
- * DTL_ERR_UNSUPPORTED with the reason. */
+/* The built-in model of an engine, every mask bit set: DTL_MEMORY_HOST is MPI (alpha 2 us, beta 1/(5 GB/s),
+ * local beta 1/(10 GB/s)), DTL_MEMORY_DEVICE is NCCL (alpha 10 us, beta 1/(100 GB/s), local beta 1/(1 TB/s)).
+ * A plan starts from the model of its mesh's engine (abstract meshes: MPI), then applies the environment
+ * variable DTL_PLAN_TUNE="alpha=2e-6,beta=2e-10,local_beta=1e-10" (any subset; malformed text makes plan
+ * creation fail with DTL_ERR_INVALID_ARGUMENT), then the fields given to dtl_plan_create_with_cost. */
+DTL_API dtl_status dtl_cost_model_default(dtl_memory memory, dtl_cost_model *out);
+
+/* Finds the cheapest sequence of steps, each changing one mesh dim: S(i)->R all-gather, P->R all-reduce,
+ * P->S(i) reduce-scatter, S(i)->S(j) all-to-all, R->S(i) local slice, R->P local. src and dst must share
+ * the mesh object, dtype and global shape. Rules:
+ * - nested sharding splits a tensor dim left to right, so a step may only undo or add the innermost split
+ *   of a tensor dim (e.g. [S0,S1] -> [S1,S0] goes through an all-gather);
+ * - pending Partials are reduced innermost mesh dim first; a reduction may run before an inner pending
+ *   one only when their ops commute (equal ops, or sum with avg);
+ * - mesh dims of size 1 never communicate: their placement is a relabeling, any pair allowed;
+ * - a mesh dim whose source is S and target P, or source P(a) and target P(b != a), is DTL_ERR_UNSUPPORTED
+ *   with the reason (reaching it would mean a collective whose result the relabeling mostly discards:
+ *   ask for R there, or redistribute through R in two calls).
+ * Pure and deterministic: no communication, and every rank derives the same steps (ties go to fewer
+ * steps, then to a fixed order). The per-rank byte figures of explain are those of this rank's coordinate. */
 DTL_API dtl_status dtl_plan_create(const dtl_layout *src, const dtl_layout *dst, dtl_plan **out);
 DTL_API dtl_status dtl_plan_create_with_cost(const dtl_layout *src, const dtl_layout *dst, const dtl_cost_model *cost,
                                              dtl_plan **out);
@@ -44,7 +66,11 @@ DTL_API int dtl_plan_num_steps(const dtl_plan *p);
 DTL_API int dtl_plan_num_collectives(const dtl_plan *p);
 /* Estimated seconds under the plan's cost model. */
 DTL_API double dtl_plan_cost(const dtl_plan *p);
-/* Temporary memory one execution allocates, in bytes: at most the larger of the local source and target shards. */
+/* Temporary memory one execution allocates on this rank, in bytes, exactly (one buffer; 0 = none). A plan of
+ * one step needs at most the larger of the local source and target shards. A plan of several steps needs
+ * more only when an intermediate shard is larger than both ends (e.g. [S0,S1] -> [S1,S0] passes through
+ * [S0,R]) or a packed buffer must sit beside an intermediate; it stays below three times the largest shard
+ * on the route. */
 DTL_API size_t dtl_plan_scratch_bytes(const dtl_plan *p);
 DTL_API void dtl_plan_destroy(dtl_plan *p);
 

@@ -15,11 +15,12 @@
  *   Partial(sum)  : every rank holds a [T, F] addend (internal, between a row-parallel GEMM and its reduce)
  *   Uneven sizes follow torch.chunk, exactly as dtl_layout_local_box (a rank may hold an empty shard).
  * - Weights are row-major [out, in], as checkpoints store them; Y = X W^T + b.
- * - Dense weights, shards and activations live in the memory of the TP communicator (host for MPI). The
- *   layers compute in f32 on the host (OpenBLAS). On a device (NCCL) context, and for f16/bf16, the
- *   weight-sharding functions and the communication halves work (they only copy and communicate); the full
- *   layers and top-k return DTL_ERR_UNSUPPORTED there (the device GEMM exists internally, the device
- *   kernels for bias, activations, softmax and lookups do not yet).
+ * - Dense weights, shards and activations live in the memory of the TP communicator: host for MPI, CUDA
+ *   device memory for NCCL (make the communicator's device current on the calling thread). On the host
+ *   every layer computes in f32 (OpenBLAS). On a device context the linear layers compute in f32, f16 or
+ *   bf16 (cuBLAS, f32 accumulation; work is enqueued on the communicator's stream), and the weight-sharding
+ *   functions and communication halves work for every dtype; the MLP/attention blocks, the embedding and
+ *   top-k return DTL_ERR_UNSUPPORTED there (their device kernels are not written yet).
  * - A context and the layers made from it share one grow-only scratch space: use them from one thread at
  *   a time. All TP ranks must make the same calls in the same order with the same shapes.
  * - Failures return a status with a message (dtl_last_error) naming the argument; argument and layout
@@ -112,7 +113,7 @@ DTL_API dtl_status dtl_tp_weight_shard_gate_up(const dtl_tp_context *ctx, const 
  * (all-reduce; y gets [T, F]) or S(0) (reduce-scatter on tokens, uneven counts allowed; y gets this rank's
  * chunk(T) rows). bias [F] (may be NULL) is added once, after the reduction, so every element carries it
  * exactly once and the reduction stays a pure sum of GEMM partials (exact for integer data; y is bitwise
- * equal on all ranks). Host only with a bias. partial is not modified. */
+ * equal on all ranks). partial is not modified. */
 DTL_API dtl_status dtl_tp_row_parallel_reduce(dtl_tp_context *ctx, const dtl_layout *out_layout, const void *partial,
                                               const void *bias, void *y);
 /* Column-parallel gather: in_layout is [T, F] S(1); y_local holds this rank's feature columns; y gets the

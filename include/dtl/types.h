@@ -12,8 +12,12 @@ extern "C" {
 typedef enum { DTL_FLOAT32, DTL_FLOAT64, DTL_FLOAT16, DTL_BFLOAT16, DTL_INT8, DTL_UINT8, DTL_INT32, DTL_INT64 } dtl_dtype;
 #define DTL_NUM_DTYPES 8
 
-/* DTL_AVG is the sum divided by the number of ranks. For integer types the division truncates toward
- * zero (C semantics) after an exact integer sum; for f16/bf16 the sum is accumulated in f32. */
+/* Reduction operators. DTL_AVG is the sum over the ranks divided by the number of ranks: the sum is formed
+ * in the dtype exactly as DTL_SUM forms it (an integer sum that leaves the type's range wraps around), then
+ * divided once. Integer division truncates toward zero, as C does (the average of -3 and 0 is -1, of 3 and 0
+ * is 1); floating division rounds to nearest even (transports may differ in the last bit: NCCL scales each
+ * input by 1/size before summing). f16 and bf16 reductions compute each pairwise step in f32 and round the
+ * result to the dtype. */
 typedef enum { DTL_SUM, DTL_PROD, DTL_MAX, DTL_MIN, DTL_AVG } dtl_reduce_op;
 #define DTL_NUM_REDUCE_OPS 5
 
@@ -25,6 +29,14 @@ DTL_API const char *dtl_dtype_name(dtl_dtype t);
 DTL_API dtl_status dtl_dtype_parse(const char *text, dtl_dtype *out);
 /* "sum", "prod", "max", "min", "avg"; NULL outside the enum. */
 DTL_API const char *dtl_reduce_op_name(dtl_reduce_op op);
+
+/* Conversions between f32 and the 16-bit float types, for filling and reading host buffers: round to
+ * nearest even, overflow to infinity; every f16/bf16 value survives a round trip through f32 (a NaN stays a
+ * NaN of the same sign and payload, made quiet). */
+DTL_API uint16_t dtl_f32_to_f16(float x);
+DTL_API float dtl_f16_to_f32(uint16_t h);
+DTL_API uint16_t dtl_f32_to_bf16(float x);
+DTL_API float dtl_bf16_to_f32(uint16_t h);
 
 #ifdef __cplusplus
 }

@@ -45,6 +45,23 @@ typedef struct dtl__comm_ops {
   dtl_status (*recv)(dtl_comm *c, void *buf, size_t count, dtl_dtype t, int peer);
   dtl_status (*barrier)(dtl_comm *c);
 
+  /* Nonblocking forms (NULL where the transport has none): start the operation and store a request made by
+   * the transport in *req. wait completes and frees it (whatever the outcome); test only polls. */
+  dtl_status (*all_gather_async)(dtl_comm *c, const void *send, void *recv, size_t send_count, dtl_dtype t,
+                                 dtl_request **req);
+  dtl_status (*all_gatherv_async)(dtl_comm *c, const void *send, size_t send_count, void *recv,
+                                  const size_t *recv_counts, dtl_dtype t, dtl_request **req);
+  dtl_status (*all_reduce_async)(dtl_comm *c, const void *send, void *recv, size_t count, dtl_dtype t,
+                                 dtl_reduce_op op, dtl_request **req);
+  dtl_status (*reduce_scatter_async)(dtl_comm *c, const void *send, void *recv, size_t recv_count, dtl_dtype t,
+                                     dtl_reduce_op op, dtl_request **req);
+  dtl_status (*all_to_all_async)(dtl_comm *c, const void *send, void *recv, size_t count_per_peer, dtl_dtype t,
+                                 dtl_request **req);
+  dtl_status (*all_to_allv_async)(dtl_comm *c, const void *send, const size_t *send_counts, void *recv,
+                                  const size_t *recv_counts, dtl_dtype t, dtl_request **req);
+  dtl_status (*wait)(dtl_request *req);
+  dtl_status (*test)(dtl_request *req, bool *done);
+
   /* Lifetime and errors. */
   dtl_status (*split)(dtl_comm *c, int color, int key, dtl_comm **out);
   dtl_status (*check)(dtl_comm *c);
@@ -70,6 +87,19 @@ struct dtl_comm {
   bool aborted;
   void *impl; /* the backend's state */
 };
+
+/* The common head of every transport's request (the transport's own struct starts with it). */
+struct dtl_request {
+  dtl_comm *comm;
+};
+
+/* Address arithmetic on user pointers without forming NULL + offset (in-place and overlap tests). */
+static inline bool dtl__ptr_at(const void *p, const void *base, size_t offset_bytes) {
+  return (uintptr_t)p == (uintptr_t)base + offset_bytes;
+}
+static inline bool dtl__overlap(const void *a, size_t a_bytes, const void *b, size_t b_bytes) {
+  return a_bytes && b_bytes && (uintptr_t)a < (uintptr_t)b + b_bytes && (uintptr_t)b < (uintptr_t)a + a_bytes;
+}
 
 /* Host implementations shared by every transport whose memory the CPU can address. */
 dtl_status dtl__host_copy_box(const void *src, void *dst, const dtl__box_copy *box);

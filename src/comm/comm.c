@@ -51,26 +51,44 @@ static dtl_status dtl__check_rank(const char *fn, const char *arg, const dtl_com
   return DTL_OK;
 }
 
-/* A buffer of count elements (times multiplier) must be non-NULL unless it is empty; its byte size must fit. */
-static dtl_status dtl__check_buf(const char *fn, const char *arg, const void *buf, size_t count, size_t multiplier,
-                                 dtl_dtype t) {
-  size_t total, bytes;
-  if (!dtl__mul_size(count, multiplier, &total))
-    return dtl__error(DTL_ERR_INVALID_ARGUMENT, "%s: count %zu x %zu ranks overflows size_t (buffer %s)", fn, count,
-                      multiplier, arg);
-  DTL_TRY(dtl__bytes(fn, "count", total, t, &bytes));
-  if (!buf && bytes > 0) return dtl__error(DTL_ERR_INVALID_ARGUMENT, "%s: %s=NULL with %zu elements", fn, arg, total);
+/* A buffer of count*multiplier elements (count is the argument named count_arg) must be non-NULL unless it
+ * is empty, and its byte size must fit size_t; *bytes receives that size. */
+static dtl_status dtl__check_buf(const char *fn, const char *arg, const void *buf, const char *count_arg, size_t count,
+                                 size_t multiplier, dtl_dtype t, size_t *bytes) {
+  size_t total;
+  if (!dtl__mul_size(count, multiplier, &total) || !dtl__mul_size(total, dtl_dtype_size(t), bytes)) {
+    if (multiplier == 1)
+      return dtl__error(DTL_ERR_INVALID_ARGUMENT, "%s: %s=%zu elements of %s overflow size_t bytes (buffer %s)", fn,
+                        count_arg, count, dtl_dtype_name(t), arg);
+    return dtl__error(DTL_ERR_INVALID_ARGUMENT, "%s: %s=%zu x %zu ranks elements of %s overflow size_t bytes (buffer %s)",
+                      fn, count_arg, count, multiplier, dtl_dtype_name(t), arg);
+  }
+  if (!buf && *bytes > 0) return dtl__error(DTL_ERR_INVALID_ARGUMENT, "%s: %s=NULL with %zu elements", fn, arg, total);
   return DTL_OK;
 }
 
-/* Sums a per-rank count array (which must be non-NULL), checking overflow. */
+/* send and recv may overlap only in the call's documented in-place arrangement (in_place), since the
+ * engines give undefined results for any other aliasing. */
+static dtl_status dtl__check_alias(const char *fn, const void *send, size_t send_bytes, const void *recv,
+                                   size_t recv_bytes, bool in_place, const char *in_place_rule) {
+  if (!in_place && dtl__overlap(send, send_bytes, recv, recv_bytes))
+    return dtl__error(DTL_ERR_INVALID_ARGUMENT, "%s: send=%p and recv=%p overlap (in place needs %s)", fn, send, recv,
+                      in_place_rule);
+  return DTL_OK;
+}
+
+/* Sums a per-rank count array (which must be non-NULL), checking overflow; *before_rank receives the sum
+ * of the entries before this rank's (its packed offset). */
 static dtl_status dtl__sum_counts(const char *fn, const char *arg, const dtl_comm *c, const size_t *counts,
-                                  size_t *total) {
+                                  size_t *total, size_t *before_rank) {
   if (!counts) return dtl__error(DTL_ERR_INVALID_ARGUMENT, "%s: %s=NULL", fn, arg);
   size_t s = 0;
-  for (int i = 0; i < c->size; i++)
+  for (int i = 0; i < c->size; i++) {
+    if (i == c->rank) *before_rank = s;
     if (!dtl__add_size(s, counts[i], &s))
-      return dtl__error(DTL_ERR_INVALID_ARGUMENT, "%s: %s sum overflows size_t at %s[%d]=%zu", fn, arg, arg, i, counts[i]);
+      return dtl__error(DTL_ERR_INVALID_ARGUMENT, "%s: %s[%d]=%zu makes the sum overflow size_t", fn, arg, i,
+                        counts[i]);
+  }
   *total = s;
   return DTL_OK;
 }
@@ -101,125 +119,263 @@ dtl_status dtl_barrier(dtl_comm *c) {
 
 dtl_status dtl_broadcast(dtl_comm *c, void *buf, size_t count, dtl_dtype t, int root) {
   static const char fn[] = "dtl_broadcast";
+  size_t bytes;
   DTL_TRY(dtl__check_common(fn, c, t));
   DTL_TRY(dtl__check_rank(fn, "root", c, root));
-  DTL_TRY(dtl__check_buf(fn, "buf", buf, count, 1, t));
+  DTL_TRY(dtl__check_buf(fn, "buf", buf, "count", count, 1, t, &bytes));
   return c->ops->broadcast(c, buf, count, t, root);
 }
 
 dtl_status dtl_scatter(dtl_comm *c, const void *send, void *recv, size_t recv_count, dtl_dtype t, int root) {
   static const char fn[] = "dtl_scatter";
+  size_t sbytes, rbytes;
   DTL_TRY(dtl__check_common(fn, c, t));
   DTL_TRY(dtl__check_rank(fn, "root", c, root));
-  DTL_TRY(dtl__check_buf(fn, "recv", recv, recv_count, 1, t));
-  if (c->rank == root) DTL_TRY(dtl__check_buf(fn, "send", send, recv_count, (size_t)c->size, t));
+  DTL_TRY(dtl__check_buf(fn, "recv", recv, "recv_count", recv_count, 1, t, &rbytes));
+  if (c->rank == root) {
+    DTL_TRY(dtl__check_buf(fn, "send", send, "recv_count", recv_count, (size_t)c->size, t, &sbytes));
+    DTL_TRY(dtl__check_alias(fn, send, sbytes, recv, rbytes, dtl__ptr_at(recv, send, (size_t)root * rbytes),
+                             "recv == send + root*recv_count on root"));
+  }
   return c->ops->scatter(c, send, recv, recv_count, t, root);
 }
 
 dtl_status dtl_gather(dtl_comm *c, const void *send, void *recv, size_t send_count, dtl_dtype t, int root) {
   static const char fn[] = "dtl_gather";
+  size_t sbytes, rbytes;
   DTL_TRY(dtl__check_common(fn, c, t));
   DTL_TRY(dtl__check_rank(fn, "root", c, root));
-  DTL_TRY(dtl__check_buf(fn, "send", send, send_count, 1, t));
-  if (c->rank == root) DTL_TRY(dtl__check_buf(fn, "recv", recv, send_count, (size_t)c->size, t));
+  DTL_TRY(dtl__check_buf(fn, "send", send, "send_count", send_count, 1, t, &sbytes));
+  if (c->rank == root) {
+    DTL_TRY(dtl__check_buf(fn, "recv", recv, "send_count", send_count, (size_t)c->size, t, &rbytes));
+    DTL_TRY(dtl__check_alias(fn, send, sbytes, recv, rbytes, dtl__ptr_at(send, recv, (size_t)root * sbytes),
+                             "send == recv + root*send_count on root"));
+  }
   return c->ops->gather(c, send, recv, send_count, t, root);
 }
 
 dtl_status dtl_reduce(dtl_comm *c, const void *send, void *recv, size_t count, dtl_dtype t, dtl_reduce_op op, int root) {
   static const char fn[] = "dtl_reduce";
+  size_t sbytes, rbytes;
   DTL_TRY(dtl__check_common(fn, c, t));
   DTL_TRY(dtl__check_op(fn, op));
   DTL_TRY(dtl__check_rank(fn, "root", c, root));
-  DTL_TRY(dtl__check_buf(fn, "send", send, count, 1, t));
-  if (c->rank == root) DTL_TRY(dtl__check_buf(fn, "recv", recv, count, 1, t));
+  DTL_TRY(dtl__check_buf(fn, "send", send, "count", count, 1, t, &sbytes));
+  if (c->rank == root) {
+    DTL_TRY(dtl__check_buf(fn, "recv", recv, "count", count, 1, t, &rbytes));
+    DTL_TRY(dtl__check_alias(fn, send, sbytes, recv, rbytes, send == recv, "send == recv on root"));
+  }
   return c->ops->reduce(c, send, recv, count, t, op, root);
 }
 
-dtl_status dtl_all_gather(dtl_comm *c, const void *send, void *recv, size_t send_count, dtl_dtype t) {
-  static const char fn[] = "dtl_all_gather";
+/* The argument rules of the collectives that also have a nonblocking form, shared by both entry points. */
+static dtl_status dtl__args_all_gather(const char *fn, dtl_comm *c, const void *send, void *recv, size_t send_count,
+                                       dtl_dtype t) {
+  size_t sbytes, rbytes;
   DTL_TRY(dtl__check_common(fn, c, t));
-  DTL_TRY(dtl__check_buf(fn, "send", send, send_count, 1, t));
-  DTL_TRY(dtl__check_buf(fn, "recv", recv, send_count, (size_t)c->size, t));
+  DTL_TRY(dtl__check_buf(fn, "send", send, "send_count", send_count, 1, t, &sbytes));
+  DTL_TRY(dtl__check_buf(fn, "recv", recv, "send_count", send_count, (size_t)c->size, t, &rbytes));
+  return dtl__check_alias(fn, send, sbytes, recv, rbytes, dtl__ptr_at(send, recv, (size_t)c->rank * sbytes),
+                          "send == recv + rank*send_count");
+}
+
+static dtl_status dtl__args_all_gatherv(const char *fn, dtl_comm *c, const void *send, size_t send_count, void *recv,
+                                        const size_t *recv_counts, dtl_dtype t) {
+  size_t total, before, sbytes, rbytes;
+  DTL_TRY(dtl__check_common(fn, c, t));
+  DTL_TRY(dtl__sum_counts(fn, "recv_counts", c, recv_counts, &total, &before));
+  if (recv_counts[c->rank] != send_count)
+    return dtl__error(DTL_ERR_INVALID_ARGUMENT, "%s: send_count=%zu (expected recv_counts[%d]=%zu)", fn, send_count,
+                      c->rank, recv_counts[c->rank]);
+  DTL_TRY(dtl__check_buf(fn, "send", send, "send_count", send_count, 1, t, &sbytes));
+  DTL_TRY(dtl__check_buf(fn, "recv", recv, "sum(recv_counts)", total, 1, t, &rbytes));
+  return dtl__check_alias(fn, send, sbytes, recv, rbytes, dtl__ptr_at(send, recv, before * dtl_dtype_size(t)),
+                          "send == recv + the counts of the ranks before this one");
+}
+
+static dtl_status dtl__args_all_reduce(const char *fn, dtl_comm *c, const void *send, void *recv, size_t count,
+                                       dtl_dtype t, dtl_reduce_op op) {
+  size_t sbytes, rbytes;
+  DTL_TRY(dtl__check_common(fn, c, t));
+  DTL_TRY(dtl__check_op(fn, op));
+  DTL_TRY(dtl__check_buf(fn, "send", send, "count", count, 1, t, &sbytes));
+  DTL_TRY(dtl__check_buf(fn, "recv", recv, "count", count, 1, t, &rbytes));
+  return dtl__check_alias(fn, send, sbytes, recv, rbytes, send == recv, "send == recv");
+}
+
+static dtl_status dtl__args_reduce_scatter(const char *fn, dtl_comm *c, const void *send, void *recv,
+                                           size_t recv_count, dtl_dtype t, dtl_reduce_op op) {
+  size_t sbytes, rbytes;
+  DTL_TRY(dtl__check_common(fn, c, t));
+  DTL_TRY(dtl__check_op(fn, op));
+  DTL_TRY(dtl__check_buf(fn, "send", send, "recv_count", recv_count, (size_t)c->size, t, &sbytes));
+  DTL_TRY(dtl__check_buf(fn, "recv", recv, "recv_count", recv_count, 1, t, &rbytes));
+  return dtl__check_alias(fn, send, sbytes, recv, rbytes, dtl__ptr_at(recv, send, (size_t)c->rank * rbytes),
+                          "recv == send + rank*recv_count");
+}
+
+static dtl_status dtl__args_all_to_all(const char *fn, dtl_comm *c, const void *send, void *recv,
+                                       size_t count_per_peer, dtl_dtype t) {
+  size_t sbytes, rbytes;
+  DTL_TRY(dtl__check_common(fn, c, t));
+  DTL_TRY(dtl__check_buf(fn, "send", send, "count_per_peer", count_per_peer, (size_t)c->size, t, &sbytes));
+  DTL_TRY(dtl__check_buf(fn, "recv", recv, "count_per_peer", count_per_peer, (size_t)c->size, t, &rbytes));
+  return dtl__check_alias(fn, send, sbytes, recv, rbytes, send == recv, "send == recv");
+}
+
+static dtl_status dtl__args_all_to_allv(const char *fn, dtl_comm *c, const void *send, const size_t *send_counts,
+                                        void *recv, const size_t *recv_counts, dtl_dtype t) {
+  size_t stotal, rtotal, unused, sbytes, rbytes;
+  DTL_TRY(dtl__check_common(fn, c, t));
+  DTL_TRY(dtl__sum_counts(fn, "send_counts", c, send_counts, &stotal, &unused));
+  DTL_TRY(dtl__sum_counts(fn, "recv_counts", c, recv_counts, &rtotal, &unused));
+  DTL_TRY(dtl__check_buf(fn, "send", send, "sum(send_counts)", stotal, 1, t, &sbytes));
+  DTL_TRY(dtl__check_buf(fn, "recv", recv, "sum(recv_counts)", rtotal, 1, t, &rbytes));
+  if (send == recv && sbytes && rbytes) /* (an empty side that merely shares the pointer is no overlap) */
+    for (int i = 0; i < c->size; i++)
+      if (send_counts[i] != recv_counts[i])
+        return dtl__error(DTL_ERR_INVALID_ARGUMENT,
+                          "%s: in place (send == recv) with send_counts[%d]=%zu != recv_counts[%d]=%zu", fn, i,
+                          send_counts[i], i, recv_counts[i]);
+  return dtl__check_alias(fn, send, sbytes, recv, rbytes, send == recv, "send == recv");
+}
+
+dtl_status dtl_all_gather(dtl_comm *c, const void *send, void *recv, size_t send_count, dtl_dtype t) {
+  DTL_TRY(dtl__args_all_gather("dtl_all_gather", c, send, recv, send_count, t));
   return c->ops->all_gather(c, send, recv, send_count, t);
 }
 
 dtl_status dtl_all_gatherv(dtl_comm *c, const void *send, size_t send_count, void *recv, const size_t *recv_counts,
                            dtl_dtype t) {
-  static const char fn[] = "dtl_all_gatherv";
-  size_t total;
-  DTL_TRY(dtl__check_common(fn, c, t));
-  DTL_TRY(dtl__sum_counts(fn, "recv_counts", c, recv_counts, &total));
-  if (recv_counts[c->rank] != send_count)
-    return dtl__error(DTL_ERR_INVALID_ARGUMENT, "%s: send_count=%zu differs from recv_counts[%d]=%zu", fn, send_count,
-                      c->rank, recv_counts[c->rank]);
-  DTL_TRY(dtl__check_buf(fn, "send", send, send_count, 1, t));
-  DTL_TRY(dtl__check_buf(fn, "recv", recv, total, 1, t));
+  DTL_TRY(dtl__args_all_gatherv("dtl_all_gatherv", c, send, send_count, recv, recv_counts, t));
   return c->ops->all_gatherv(c, send, send_count, recv, recv_counts, t);
 }
 
 dtl_status dtl_all_reduce(dtl_comm *c, const void *send, void *recv, size_t count, dtl_dtype t, dtl_reduce_op op) {
-  static const char fn[] = "dtl_all_reduce";
-  DTL_TRY(dtl__check_common(fn, c, t));
-  DTL_TRY(dtl__check_op(fn, op));
-  DTL_TRY(dtl__check_buf(fn, "send", send, count, 1, t));
-  DTL_TRY(dtl__check_buf(fn, "recv", recv, count, 1, t));
+  DTL_TRY(dtl__args_all_reduce("dtl_all_reduce", c, send, recv, count, t, op));
   return c->ops->all_reduce(c, send, recv, count, t, op);
 }
 
 dtl_status dtl_reduce_scatter(dtl_comm *c, const void *send, void *recv, size_t recv_count, dtl_dtype t,
                               dtl_reduce_op op) {
-  static const char fn[] = "dtl_reduce_scatter";
-  DTL_TRY(dtl__check_common(fn, c, t));
-  DTL_TRY(dtl__check_op(fn, op));
-  DTL_TRY(dtl__check_buf(fn, "send", send, recv_count, (size_t)c->size, t));
-  DTL_TRY(dtl__check_buf(fn, "recv", recv, recv_count, 1, t));
+  DTL_TRY(dtl__args_reduce_scatter("dtl_reduce_scatter", c, send, recv, recv_count, t, op));
   return c->ops->reduce_scatter(c, send, recv, recv_count, t, op);
 }
 
 dtl_status dtl_reduce_scatterv(dtl_comm *c, const void *send, void *recv, const size_t *recv_counts, dtl_dtype t,
                                dtl_reduce_op op) {
   static const char fn[] = "dtl_reduce_scatterv";
-  size_t total;
+  size_t total, before, sbytes, rbytes;
   DTL_TRY(dtl__check_common(fn, c, t));
   DTL_TRY(dtl__check_op(fn, op));
-  DTL_TRY(dtl__sum_counts(fn, "recv_counts", c, recv_counts, &total));
-  DTL_TRY(dtl__check_buf(fn, "send", send, total, 1, t));
-  DTL_TRY(dtl__check_buf(fn, "recv", recv, recv_counts[c->rank], 1, t));
+  DTL_TRY(dtl__sum_counts(fn, "recv_counts", c, recv_counts, &total, &before));
+  DTL_TRY(dtl__check_buf(fn, "send", send, "sum(recv_counts)", total, 1, t, &sbytes));
+  DTL_TRY(dtl__check_buf(fn, "recv", recv, "recv_counts[rank]", recv_counts[c->rank], 1, t, &rbytes));
+  DTL_TRY(dtl__check_alias(fn, send, sbytes, recv, rbytes, dtl__ptr_at(recv, send, before * dtl_dtype_size(t)),
+                           "recv == send + the counts of the ranks before this one"));
   return c->ops->reduce_scatterv(c, send, recv, recv_counts, t, op);
 }
 
 dtl_status dtl_all_to_all(dtl_comm *c, const void *send, void *recv, size_t count_per_peer, dtl_dtype t) {
-  static const char fn[] = "dtl_all_to_all";
-  DTL_TRY(dtl__check_common(fn, c, t));
-  DTL_TRY(dtl__check_buf(fn, "send", send, count_per_peer, (size_t)c->size, t));
-  DTL_TRY(dtl__check_buf(fn, "recv", recv, count_per_peer, (size_t)c->size, t));
+  DTL_TRY(dtl__args_all_to_all("dtl_all_to_all", c, send, recv, count_per_peer, t));
   return c->ops->all_to_all(c, send, recv, count_per_peer, t);
 }
 
 dtl_status dtl_all_to_allv(dtl_comm *c, const void *send, const size_t *send_counts, void *recv,
                            const size_t *recv_counts, dtl_dtype t) {
-  static const char fn[] = "dtl_all_to_allv";
-  size_t stotal, rtotal;
-  DTL_TRY(dtl__check_common(fn, c, t));
-  DTL_TRY(dtl__sum_counts(fn, "send_counts", c, send_counts, &stotal));
-  DTL_TRY(dtl__sum_counts(fn, "recv_counts", c, recv_counts, &rtotal));
-  DTL_TRY(dtl__check_buf(fn, "send", send, stotal, 1, t));
-  DTL_TRY(dtl__check_buf(fn, "recv", recv, rtotal, 1, t));
+  DTL_TRY(dtl__args_all_to_allv("dtl_all_to_allv", c, send, send_counts, recv, recv_counts, t));
   return c->ops->all_to_allv(c, send, send_counts, recv, recv_counts, t);
 }
 
-dtl_status dtl_send(dtl_comm *c, const void *buf, size_t count, dtl_dtype t, int peer) {
-  static const char fn[] = "dtl_send";
+/* --- nonblocking forms ----------------------------------------------------------------------------------- */
+static dtl_status dtl__check_async(const char *fn, dtl_comm *c, const void *op_fn, dtl_request **req) {
+  DTL_CHECK_ARG(req != NULL, fn, "req=NULL");
+  DTL_TRY(dtl__check_comm(fn, c));
+  if (!op_fn)
+    return dtl__error(DTL_ERR_UNSUPPORTED, "%s: the %s transport has no nonblocking collectives", fn, c->ops->name);
+  return DTL_OK;
+}
+#define DTL__ASYNC(name) ((c) ? (const void *)(c)->ops->name : NULL)
+
+dtl_status dtl_all_gather_async(dtl_comm *c, const void *send, void *recv, size_t send_count, dtl_dtype t,
+                                dtl_request **req) {
+  static const char fn[] = "dtl_all_gather_async";
+  DTL_TRY(dtl__check_async(fn, c, DTL__ASYNC(all_gather_async), req));
+  DTL_TRY(dtl__args_all_gather(fn, c, send, recv, send_count, t));
+  return c->ops->all_gather_async(c, send, recv, send_count, t, req);
+}
+
+dtl_status dtl_all_gatherv_async(dtl_comm *c, const void *send, size_t send_count, void *recv,
+                                 const size_t *recv_counts, dtl_dtype t, dtl_request **req) {
+  static const char fn[] = "dtl_all_gatherv_async";
+  DTL_TRY(dtl__check_async(fn, c, DTL__ASYNC(all_gatherv_async), req));
+  DTL_TRY(dtl__args_all_gatherv(fn, c, send, send_count, recv, recv_counts, t));
+  return c->ops->all_gatherv_async(c, send, send_count, recv, recv_counts, t, req);
+}
+
+dtl_status dtl_all_reduce_async(dtl_comm *c, const void *send, void *recv, size_t count, dtl_dtype t,
+                                dtl_reduce_op op, dtl_request **req) {
+  static const char fn[] = "dtl_all_reduce_async";
+  DTL_TRY(dtl__check_async(fn, c, DTL__ASYNC(all_reduce_async), req));
+  DTL_TRY(dtl__args_all_reduce(fn, c, send, recv, count, t, op));
+  return c->ops->all_reduce_async(c, send, recv, count, t, op, req);
+}
+
+dtl_status dtl_reduce_scatter_async(dtl_comm *c, const void *send, void *recv, size_t recv_count, dtl_dtype t,
+                                    dtl_reduce_op op, dtl_request **req) {
+  static const char fn[] = "dtl_reduce_scatter_async";
+  DTL_TRY(dtl__check_async(fn, c, DTL__ASYNC(reduce_scatter_async), req));
+  DTL_TRY(dtl__args_reduce_scatter(fn, c, send, recv, recv_count, t, op));
+  return c->ops->reduce_scatter_async(c, send, recv, recv_count, t, op, req);
+}
+
+dtl_status dtl_all_to_all_async(dtl_comm *c, const void *send, void *recv, size_t count_per_peer, dtl_dtype t,
+                                dtl_request **req) {
+  static const char fn[] = "dtl_all_to_all_async";
+  DTL_TRY(dtl__check_async(fn, c, DTL__ASYNC(all_to_all_async), req));
+  DTL_TRY(dtl__args_all_to_all(fn, c, send, recv, count_per_peer, t));
+  return c->ops->all_to_all_async(c, send, recv, count_per_peer, t, req);
+}
+
+dtl_status dtl_all_to_allv_async(dtl_comm *c, const void *send, const size_t *send_counts, void *recv,
+                                 const size_t *recv_counts, dtl_dtype t, dtl_request **req) {
+  static const char fn[] = "dtl_all_to_allv_async";
+  DTL_TRY(dtl__check_async(fn, c, DTL__ASYNC(all_to_allv_async), req));
+  DTL_TRY(dtl__args_all_to_allv(fn, c, send, send_counts, recv, recv_counts, t));
+  return c->ops->all_to_allv_async(c, send, send_counts, recv, recv_counts, t, req);
+}
+
+dtl_status dtl_wait(dtl_request *req) {
+  DTL_CHECK_ARG(req != NULL, "dtl_wait", "req=NULL");
+  return req->comm->ops->wait(req);
+}
+
+dtl_status dtl_test(dtl_request *req, int *done) {
+  DTL_CHECK_ARG(req != NULL, "dtl_test", "req=NULL");
+  DTL_CHECK_ARG(done != NULL, "dtl_test", "done=NULL");
+  bool d = false;
+  DTL_TRY(req->comm->ops->test(req, &d));
+  *done = d;
+  return DTL_OK;
+}
+
+/* --- point to point ---------------------------------------------------------------------------------------- */
+static dtl_status dtl__args_p2p(const char *fn, dtl_comm *c, const void *buf, size_t count, dtl_dtype t, int peer) {
+  size_t bytes;
   DTL_TRY(dtl__check_common(fn, c, t));
   DTL_TRY(dtl__check_rank(fn, "peer", c, peer));
-  DTL_TRY(dtl__check_buf(fn, "buf", buf, count, 1, t));
+  if (peer == c->rank) /* MPI completes it only while it fits the eager buffer, NCCL never: one rule for both */
+    return dtl__error(DTL_ERR_UNSUPPORTED, "%s: peer=%d is this rank (a blocking message to oneself can deadlock)",
+                      fn, peer);
+  return dtl__check_buf(fn, "buf", buf, "count", count, 1, t, &bytes);
+}
+
+dtl_status dtl_send(dtl_comm *c, const void *buf, size_t count, dtl_dtype t, int peer) {
+  DTL_TRY(dtl__args_p2p("dtl_send", c, buf, count, t, peer));
   return c->ops->send(c, buf, count, t, peer);
 }
 
 dtl_status dtl_recv(dtl_comm *c, void *buf, size_t count, dtl_dtype t, int peer) {
-  static const char fn[] = "dtl_recv";
-  DTL_TRY(dtl__check_common(fn, c, t));
-  DTL_TRY(dtl__check_rank(fn, "peer", c, peer));
-  DTL_TRY(dtl__check_buf(fn, "buf", buf, count, 1, t));
+  DTL_TRY(dtl__args_p2p("dtl_recv", c, buf, count, t, peer));
   return c->ops->recv(c, buf, count, t, peer);
 }

@@ -66,6 +66,7 @@ dtl_status dtl__host_copy_box(const void *src, void *dst, const dtl__box_copy *b
   } while (0)
 
 dtl_status dtl__host_fill_identity(void *dst, size_t count, dtl_dtype t, dtl_reduce_op op) {
+  if (count == 0) return DTL_OK; /* dst may be NULL */
   if (op == DTL_SUM || op == DTL_AVG) {
     memset(dst, 0, count * dtl_dtype_size(t));
     return DTL_OK;

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The OpenMPI transport: fills the backend vtable with MPI calls on a duplicated communicator set to
- * MPI_ERRORS_RETURN. f16/bf16 reductions use dtl's own MPI_Ops (accumulating each pair in f32); DTL_AVG is
- * an MPI_SUM followed by a local division. MPI (before 4.0 large counts) takes int counts, so a single call
- * moving more than INT_MAX elements is DTL_ERR_UNSUPPORTED. */
+ * MPI_ERRORS_RETURN. f16/bf16 travel as 16-bit words and reduce with dtl's own MPI_Ops (each pair combined
+ * in f32); DTL_AVG is an MPI_SUM followed by a local division. MPI (before 4.0 large counts) takes int counts,
+ * so one call with a count or displacement beyond INT_MAX elements is DTL_ERR_UNSUPPORTED. */
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,8 +12,7 @@
 
 typedef struct {
   MPI_Comm comm;
-  MPI_Datatype half_type[2]; /* f16, bf16: 2-byte contiguous types so the user ops can tell them apart */
-  MPI_Op half_op[2][4];      /* [f16|bf16][sum, prod, max, min] */
+  MPI_Op half_op[2][4]; /* [f16|bf16][sum, prod, max, min], applied to MPI_UINT16_T */
 } dtl__mpi;
 
 static dtl__mpi *dtl__mpi_of(const dtl_comm *c) { return (dtl__mpi *)c->impl; }
@@ -21,51 +20,40 @@ static dtl__mpi *dtl__mpi_of(const dtl_comm *c) { return (dtl__mpi *)c->impl; }
 static dtl_status dtl__mpi_error(const char *fn, int rc) {
   char msg[MPI_MAX_ERROR_STRING];
   int len = 0;
-  MPI_Error_string(rc, msg, &len);
+  if (MPI_Error_string(rc, msg, &len) != MPI_SUCCESS) snprintf(msg, sizeof msg, "unknown error");
   return dtl__error(DTL_ERR_COMM, "%s: MPI error %d: %s", fn, rc, msg);
 }
-#define DTL__MPI_CALL(fn, call)                   \
-  do {                                            \
-    int rc_ = (call);                             \
+#define DTL__MPI_CALL(fn, call)                             \
+  do {                                                      \
+    int rc_ = (call);                                       \
     if (rc_ != MPI_SUCCESS) return dtl__mpi_error(fn, rc_); \
   } while (0)
 
-/* --- f16 / bf16 reduction operators ------------------------------------------------------------------- */
-typedef float (*dtl__to_f32)(uint16_t);
-typedef uint16_t (*dtl__from_f32)(float);
-
-static void dtl__half_apply(const uint16_t *in, uint16_t *inout, int n, int which, dtl__to_f32 to, dtl__from_f32 from) {
-  for (int i = 0; i < n; i++) {
-    float a = to(in[i]), b = to(inout[i]), r;
-    switch (which) {
-      case 0: r = a + b; break;
-      case 1: r = a * b; break;
-      case 2: r = a > b ? a : b; break;
-      default: r = a < b ? a : b; break;
-    }
-    inout[i] = from(r);
+/* --- f16 / bf16 reduction operators: each pair is combined in f32 and rounded back ---------------------- */
+#define DTL__HALF_OP(name, to, from, expr)                                   \
+  static void name(void *in, void *inout, int *len, MPI_Datatype *dt) {     \
+    (void)dt;                                                               \
+    const uint16_t *x = in;                                                 \
+    uint16_t *y = inout;                                                    \
+    for (int i = 0; i < *len; i++) {                                        \
+      float a = to(x[i]), b = to(y[i]);                                     \
+      y[i] = from(expr);                                                    \
+    }                                                                       \
   }
-}
-#define DTL__HALF_OP(name, which, to, from)                                      \
-  static void name(void *in, void *inout, int *len, MPI_Datatype *dt) {        \
-    (void)dt;                                                                  \
-    dtl__half_apply((const uint16_t *)in, (uint16_t *)inout, *len, which, to, from); \
-  }
-DTL__HALF_OP(dtl__f16_sum, 0, dtl__f16_to_f32, dtl__f32_to_f16)
-DTL__HALF_OP(dtl__f16_prod, 1, dtl__f16_to_f32, dtl__f32_to_f16)
-DTL__HALF_OP(dtl__f16_max, 2, dtl__f16_to_f32, dtl__f32_to_f16)
-DTL__HALF_OP(dtl__f16_min, 3, dtl__f16_to_f32, dtl__f32_to_f16)
-DTL__HALF_OP(dtl__bf16_sum, 0, dtl__bf16_to_f32, dtl__f32_to_bf16)
-DTL__HALF_OP(dtl__bf16_prod, 1, dtl__bf16_to_f32, dtl__f32_to_bf16)
-DTL__HALF_OP(dtl__bf16_max, 2, dtl__bf16_to_f32, dtl__f32_to_bf16)
-DTL__HALF_OP(dtl__bf16_min, 3, dtl__bf16_to_f32, dtl__f32_to_bf16)
+#define DTL__HALF_OPS(prefix, to, from)                      \
+  DTL__HALF_OP(prefix##_sum, to, from, a + b)                \
+  DTL__HALF_OP(prefix##_prod, to, from, a * b)               \
+  DTL__HALF_OP(prefix##_max, to, from, a > b ? a : b)        \
+  DTL__HALF_OP(prefix##_min, to, from, a < b ? a : b)
+DTL__HALF_OPS(dtl__f16, dtl__f16_to_f32, dtl__f32_to_f16)
+DTL__HALF_OPS(dtl__bf16, dtl__bf16_to_f32, dtl__f32_to_bf16)
 
-static MPI_Datatype dtl__mpi_type(const dtl_comm *c, dtl_dtype t) {
+static MPI_Datatype dtl__mpi_type(dtl_dtype t) {
   switch (t) {
     case DTL_FLOAT32: return MPI_FLOAT;
     case DTL_FLOAT64: return MPI_DOUBLE;
-    case DTL_FLOAT16: return dtl__mpi_of(c)->half_type[0];
-    case DTL_BFLOAT16: return dtl__mpi_of(c)->half_type[1];
+    case DTL_FLOAT16: /* fall through: moved as 16-bit words, reduced by dtl's own ops */
+    case DTL_BFLOAT16: return MPI_UINT16_T;
     case DTL_INT8: return MPI_INT8_T;
     case DTL_UINT8: return MPI_UINT8_T;
     case DTL_INT32: return MPI_INT32_T;
@@ -95,6 +83,53 @@ static void dtl__divide(void *buf, size_t count, dtl_dtype t, int n) {
   }
 }
 
+/* --- one call, blocking or not ------------------------------------------------------------------------------
+ * Every collective fills a dtl__mpi_call: the MPI call is MPI_Xxx (blocking) or MPI_Ixxx (nonblocking, its
+ * request kept), and what must happen after it completes is recorded in the call so that blocking and
+ * nonblocking forms share it: DTL_AVG's division, and the in-place reduce-scatter's move of the result from
+ * the buffer's start (where MPI_IN_PLACE leaves it) to this rank's block. */
+typedef struct {
+  const char *fn;
+  bool nonblocking;
+  MPI_Request req;
+  int *counts; /* int counts and displacements that MPI reads until completion */
+  void *avg_buf;
+  size_t avg_count;
+  dtl_dtype avg_type;
+  int avg_divisor;
+  void *move_dst;
+  const void *move_src;
+  size_t move_bytes;
+} dtl__mpi_call;
+
+static void dtl__mpi_after(dtl__mpi_call *k) {
+  if (k->move_bytes) memmove(k->move_dst, k->move_src, k->move_bytes);
+  if (k->avg_buf) dtl__divide(k->avg_buf, k->avg_count, k->avg_type, k->avg_divisor);
+}
+
+static void dtl__mpi_avg_after(dtl__mpi_call *k, dtl_reduce_op op, void *buf, size_t count, dtl_dtype t, int n) {
+  if (op != DTL_AVG || count == 0) return;
+  k->avg_buf = buf;
+  k->avg_count = count;
+  k->avg_type = t;
+  k->avg_divisor = n;
+}
+
+/* Concludes the MPI call that returned rc: a blocking call is finished here, a nonblocking one in wait. */
+static dtl_status dtl__mpi_issued(dtl__mpi_call *k, int rc) {
+  if (rc != MPI_SUCCESS) {
+    free(k->counts);
+    k->counts = NULL;
+    return dtl__mpi_error(k->fn, rc);
+  }
+  if (!k->nonblocking) {
+    dtl__mpi_after(k);
+    free(k->counts);
+    k->counts = NULL;
+  }
+  return DTL_OK;
+}
+
 static dtl_status dtl__int_count(const char *fn, size_t count, int *out) {
   if (count > (size_t)INT_MAX)
     return dtl__error(DTL_ERR_UNSUPPORTED, "%s: count=%zu exceeds INT_MAX, the largest count one MPI call takes", fn, count);
@@ -102,16 +137,23 @@ static dtl_status dtl__int_count(const char *fn, size_t count, int *out) {
   return DTL_OK;
 }
 
-/* Converts per-rank counts to int counts and displacements (packed in rank order). */
-static dtl_status dtl__int_counts(const char *fn, const dtl_comm *c, const size_t *counts, int **out_counts, int **out_displs) {
-  int *ic = malloc(sizeof(int) * (size_t)c->size * 2);
-  if (!ic) return dtl__error(DTL_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
-  int *id = ic + c->size;
+/* Converts per-rank counts to int counts and displacements (packed in rank order), into k->counts (n counts
+ * then n displacements; with a second array, 4n ints). */
+static dtl_status dtl__int_counts(dtl__mpi_call *k, const dtl_comm *c, const char *arg, const size_t *counts,
+                                  int slot, int **out_counts, int **out_displs) {
+  size_t n = (size_t)c->size;
+  if (!k->counts) {
+    k->counts = malloc(sizeof(int) * n * 4);
+    if (!k->counts) return dtl__error(DTL_ERR_OUT_OF_MEMORY, "%s: out of host memory", k->fn);
+  }
+  int *ic = k->counts + (size_t)slot * 2 * n, *id = ic + n;
   size_t off = 0;
   for (int i = 0; i < c->size; i++) {
     if (counts[i] > (size_t)INT_MAX || off > (size_t)INT_MAX) {
-      free(ic);
-      return dtl__error(DTL_ERR_UNSUPPORTED, "%s: counts or displacements beyond INT_MAX elements at rank %d", fn, i);
+      free(k->counts);
+      k->counts = NULL;
+      return dtl__error(DTL_ERR_UNSUPPORTED, "%s: %s[%d]=%zu at element offset %zu exceeds INT_MAX, the largest count "
+                        "or displacement one MPI call takes", k->fn, arg, i, counts[i], off);
     }
     ic[i] = (int)counts[i];
     id[i] = (int)off;
@@ -122,21 +164,22 @@ static dtl_status dtl__int_counts(const char *fn, const dtl_comm *c, const size_
   return DTL_OK;
 }
 
+#define DTL__ISSUE(k, blocking_call, nonblocking_call) \
+  dtl__mpi_issued((k), (k)->nonblocking ? (nonblocking_call) : (blocking_call))
+
 /* --- collectives -------------------------------------------------------------------------------------- */
 static dtl_status mpi_broadcast(dtl_comm *c, void *buf, size_t count, dtl_dtype t, int root) {
   int n = 0;
   DTL_TRY(dtl__int_count("dtl_broadcast", count, &n));
-  DTL__MPI_CALL("dtl_broadcast", MPI_Bcast(buf, n, dtl__mpi_type(c, t), root, dtl__mpi_of(c)->comm));
+  DTL__MPI_CALL("dtl_broadcast", MPI_Bcast(buf, n, dtl__mpi_type(t), root, dtl__mpi_of(c)->comm));
   return DTL_OK;
 }
 
 static dtl_status mpi_scatter(dtl_comm *c, const void *send, void *recv, size_t recv_count, dtl_dtype t, int root) {
   int n = 0;
   DTL_TRY(dtl__int_count("dtl_scatter", recv_count, &n));
-  MPI_Datatype dt = dtl__mpi_type(c, t);
-  size_t es = dtl_dtype_size(t);
-  void *r = recv;
-  if (c->rank == root && recv == (const char *)send + (size_t)root * recv_count * es) r = MPI_IN_PLACE;
+  MPI_Datatype dt = dtl__mpi_type(t);
+  void *r = c->rank == root && dtl__ptr_at(recv, send, (size_t)root * recv_count * dtl_dtype_size(t)) ? MPI_IN_PLACE : recv;
   DTL__MPI_CALL("dtl_scatter", MPI_Scatter(send, n, dt, r, n, dt, root, dtl__mpi_of(c)->comm));
   return DTL_OK;
 }
@@ -144,10 +187,9 @@ static dtl_status mpi_scatter(dtl_comm *c, const void *send, void *recv, size_t 
 static dtl_status mpi_gather(dtl_comm *c, const void *send, void *recv, size_t send_count, dtl_dtype t, int root) {
   int n = 0;
   DTL_TRY(dtl__int_count("dtl_gather", send_count, &n));
-  MPI_Datatype dt = dtl__mpi_type(c, t);
-  size_t es = dtl_dtype_size(t);
-  const void *s = send;
-  if (c->rank == root && send == (const char *)recv + (size_t)root * send_count * es) s = MPI_IN_PLACE;
+  MPI_Datatype dt = dtl__mpi_type(t);
+  const void *s =
+      c->rank == root && dtl__ptr_at(send, recv, (size_t)root * send_count * dtl_dtype_size(t)) ? MPI_IN_PLACE : send;
   DTL__MPI_CALL("dtl_gather", MPI_Gather(s, n, dt, recv, n, dt, root, dtl__mpi_of(c)->comm));
   return DTL_OK;
 }
@@ -156,91 +198,248 @@ static dtl_status mpi_reduce(dtl_comm *c, const void *send, void *recv, size_t c
   int n = 0;
   DTL_TRY(dtl__int_count("dtl_reduce", count, &n));
   const void *s = (c->rank == root && send == recv) ? MPI_IN_PLACE : send;
-  DTL__MPI_CALL("dtl_reduce", MPI_Reduce(s, recv, n, dtl__mpi_type(c, t), dtl__mpi_op(c, t, op), root, dtl__mpi_of(c)->comm));
-  if (op == DTL_AVG && c->rank == root) dtl__divide(recv, count, t, c->size);
-  return DTL_OK;
+  dtl__mpi_call k = {.fn = "dtl_reduce"};
+  if (c->rank == root) dtl__mpi_avg_after(&k, op, recv, count, t, c->size);
+  return dtl__mpi_issued(&k, MPI_Reduce(s, recv, n, dtl__mpi_type(t), dtl__mpi_op(c, t, op), root, dtl__mpi_of(c)->comm));
+}
+
+static dtl_status mpi_all_gather_call(dtl_comm *c, const void *send, void *recv, size_t send_count, dtl_dtype t,
+                                      dtl__mpi_call *k) {
+  int n = 0;
+  DTL_TRY(dtl__int_count(k->fn, send_count, &n));
+  MPI_Datatype dt = dtl__mpi_type(t);
+  MPI_Comm comm = dtl__mpi_of(c)->comm;
+  const void *s = dtl__ptr_at(send, recv, (size_t)c->rank * send_count * dtl_dtype_size(t)) ? MPI_IN_PLACE : send;
+  return DTL__ISSUE(k, MPI_Allgather(s, n, dt, recv, n, dt, comm), MPI_Iallgather(s, n, dt, recv, n, dt, comm, &k->req));
+}
+
+static dtl_status mpi_all_gatherv_call(dtl_comm *c, const void *send, size_t send_count, void *recv,
+                                       const size_t *recv_counts, dtl_dtype t, dtl__mpi_call *k) {
+  int *ic, *id;
+  DTL_TRY(dtl__int_counts(k, c, "recv_counts", recv_counts, 0, &ic, &id));
+  MPI_Datatype dt = dtl__mpi_type(t);
+  MPI_Comm comm = dtl__mpi_of(c)->comm;
+  const void *s = dtl__ptr_at(send, recv, (size_t)id[c->rank] * dtl_dtype_size(t)) ? MPI_IN_PLACE : send;
+  int n = (int)send_count; /* == recv_counts[rank], checked above */
+  return DTL__ISSUE(k, MPI_Allgatherv(s, n, dt, recv, ic, id, dt, comm),
+                    MPI_Iallgatherv(s, n, dt, recv, ic, id, dt, comm, &k->req));
+}
+
+static dtl_status mpi_all_reduce_call(dtl_comm *c, const void *send, void *recv, size_t count, dtl_dtype t,
+                                      dtl_reduce_op op, dtl__mpi_call *k) {
+  int n = 0;
+  DTL_TRY(dtl__int_count(k->fn, count, &n));
+  const void *s = send == recv ? MPI_IN_PLACE : send;
+  MPI_Datatype dt = dtl__mpi_type(t);
+  MPI_Op mop = dtl__mpi_op(c, t, op);
+  MPI_Comm comm = dtl__mpi_of(c)->comm;
+  dtl__mpi_avg_after(k, op, recv, count, t, c->size);
+  return DTL__ISSUE(k, MPI_Allreduce(s, recv, n, dt, mop, comm), MPI_Iallreduce(s, recv, n, dt, mop, comm, &k->req));
+}
+
+/* The buffers of a reduce-scatter whose own block starts offset bytes into send. dtl's in-place form
+ * (recv == send + offset) becomes MPI_IN_PLACE, where MPI reads the input from and leaves the result at the
+ * start of one buffer (send); the result then moves to recv once the call completes. */
+static void dtl__mpi_reduce_scatter_buffers(dtl__mpi_call *k, const void *send, void *recv, size_t offset,
+                                           size_t block_bytes, const void **s, void **r) {
+  *s = send;
+  *r = recv;
+  if (!dtl__ptr_at(recv, send, offset)) return;
+  *s = MPI_IN_PLACE;
+  *r = (char *)recv - offset;
+  k->move_dst = recv;
+  k->move_src = *r;
+  k->move_bytes = offset ? block_bytes : 0;
+}
+
+static dtl_status mpi_reduce_scatter_call(dtl_comm *c, const void *send, void *recv, size_t recv_count, dtl_dtype t,
+                                          dtl_reduce_op op, dtl__mpi_call *k) {
+  int n = 0;
+  DTL_TRY(dtl__int_count(k->fn, recv_count, &n));
+  size_t block = recv_count * dtl_dtype_size(t);
+  const void *s;
+  void *r;
+  dtl__mpi_reduce_scatter_buffers(k, send, recv, (size_t)c->rank * block, block, &s, &r);
+  MPI_Datatype dt = dtl__mpi_type(t);
+  MPI_Op mop = dtl__mpi_op(c, t, op);
+  MPI_Comm comm = dtl__mpi_of(c)->comm;
+  dtl__mpi_avg_after(k, op, recv, recv_count, t, c->size);
+  return DTL__ISSUE(k, MPI_Reduce_scatter_block(s, r, n, dt, mop, comm),
+                    MPI_Ireduce_scatter_block(s, r, n, dt, mop, comm, &k->req));
+}
+
+static dtl_status mpi_all_to_all_call(dtl_comm *c, const void *send, void *recv, size_t count_per_peer, dtl_dtype t,
+                                      dtl__mpi_call *k) {
+  int n = 0;
+  DTL_TRY(dtl__int_count(k->fn, count_per_peer, &n));
+  MPI_Datatype dt = dtl__mpi_type(t);
+  MPI_Comm comm = dtl__mpi_of(c)->comm;
+  const void *s = send == recv && count_per_peer ? MPI_IN_PLACE : send;
+  return DTL__ISSUE(k, MPI_Alltoall(s, n, dt, recv, n, dt, comm), MPI_Ialltoall(s, n, dt, recv, n, dt, comm, &k->req));
+}
+
+/* In place only when send == recv describe one and the same non-empty exchange: MPI_IN_PLACE sends what
+ * recv_counts say, so a pointer that merely coincides with an empty side (layers above pass such pairs)
+ * must stay an ordinary call, or this rank would send nothing while its peers wait. */
+static bool dtl__a2av_in_place(const dtl_comm *c, const void *send, const size_t *send_counts, const void *recv,
+                               const size_t *recv_counts) {
+  if (send != recv) return false;
+  size_t total = 0;
+  for (int i = 0; i < c->size; i++) {
+    if (send_counts[i] != recv_counts[i]) return false;
+    total += send_counts[i];
+  }
+  return total > 0;
+}
+
+static dtl_status mpi_all_to_allv_call(dtl_comm *c, const void *send, const size_t *send_counts, void *recv,
+                                       const size_t *recv_counts, dtl_dtype t, dtl__mpi_call *k) {
+  int *sc, *sd, *rc, *rd;
+  DTL_TRY(dtl__int_counts(k, c, "send_counts", send_counts, 0, &sc, &sd));
+  DTL_TRY(dtl__int_counts(k, c, "recv_counts", recv_counts, 1, &rc, &rd));
+  MPI_Datatype dt = dtl__mpi_type(t);
+  MPI_Comm comm = dtl__mpi_of(c)->comm;
+  const void *s = dtl__a2av_in_place(c, send, send_counts, recv, recv_counts) ? MPI_IN_PLACE : send;
+  return DTL__ISSUE(k, MPI_Alltoallv(s, sc, sd, dt, recv, rc, rd, dt, comm),
+                    MPI_Ialltoallv(s, sc, sd, dt, recv, rc, rd, dt, comm, &k->req));
 }
 
 static dtl_status mpi_all_gather(dtl_comm *c, const void *send, void *recv, size_t send_count, dtl_dtype t) {
-  int n = 0;
-  DTL_TRY(dtl__int_count("dtl_all_gather", send_count, &n));
-  MPI_Datatype dt = dtl__mpi_type(c, t);
-  const void *s = send == (const char *)recv + (size_t)c->rank * send_count * dtl_dtype_size(t) ? MPI_IN_PLACE : send;
-  DTL__MPI_CALL("dtl_all_gather", MPI_Allgather(s, n, dt, recv, n, dt, dtl__mpi_of(c)->comm));
-  return DTL_OK;
+  dtl__mpi_call k = {.fn = "dtl_all_gather"};
+  return mpi_all_gather_call(c, send, recv, send_count, t, &k);
 }
 
 static dtl_status mpi_all_gatherv(dtl_comm *c, const void *send, size_t send_count, void *recv, const size_t *recv_counts,
                                   dtl_dtype t) {
-  int *ic, *id;
-  DTL_TRY(dtl__int_counts("dtl_all_gatherv", c, recv_counts, &ic, &id));
-  MPI_Datatype dt = dtl__mpi_type(c, t);
-  const void *s = send == (const char *)recv + (size_t)id[c->rank] * dtl_dtype_size(t) ? MPI_IN_PLACE : send;
-  int rc = MPI_Allgatherv(s, (int)send_count, dt, recv, ic, id, dt, dtl__mpi_of(c)->comm);
-  free(ic);
-  if (rc != MPI_SUCCESS) return dtl__mpi_error("dtl_all_gatherv", rc);
-  return DTL_OK;
+  dtl__mpi_call k = {.fn = "dtl_all_gatherv"};
+  return mpi_all_gatherv_call(c, send, send_count, recv, recv_counts, t, &k);
 }
 
 static dtl_status mpi_all_reduce(dtl_comm *c, const void *send, void *recv, size_t count, dtl_dtype t, dtl_reduce_op op) {
-  int n = 0;
-  DTL_TRY(dtl__int_count("dtl_all_reduce", count, &n));
-  const void *s = send == recv ? MPI_IN_PLACE : send;
-  DTL__MPI_CALL("dtl_all_reduce", MPI_Allreduce(s, recv, n, dtl__mpi_type(c, t), dtl__mpi_op(c, t, op), dtl__mpi_of(c)->comm));
-  if (op == DTL_AVG) dtl__divide(recv, count, t, c->size);
-  return DTL_OK;
+  dtl__mpi_call k = {.fn = "dtl_all_reduce"};
+  return mpi_all_reduce_call(c, send, recv, count, t, op, &k);
 }
 
 static dtl_status mpi_reduce_scatter(dtl_comm *c, const void *send, void *recv, size_t recv_count, dtl_dtype t,
                                      dtl_reduce_op op) {
-  int n = 0;
-  DTL_TRY(dtl__int_count("dtl_reduce_scatter", recv_count, &n));
-  DTL__MPI_CALL("dtl_reduce_scatter", MPI_Reduce_scatter_block(send, recv, n, dtl__mpi_type(c, t), dtl__mpi_op(c, t, op),
-                                                               dtl__mpi_of(c)->comm));
-  if (op == DTL_AVG) dtl__divide(recv, recv_count, t, c->size);
-  return DTL_OK;
+  dtl__mpi_call k = {.fn = "dtl_reduce_scatter"};
+  return mpi_reduce_scatter_call(c, send, recv, recv_count, t, op, &k);
 }
 
+/* Only blocking: MPI_Ireduce_scatter exists, but dtl exposes no nonblocking uneven reduce-scatter. */
 static dtl_status mpi_reduce_scatterv(dtl_comm *c, const void *send, void *recv, const size_t *recv_counts, dtl_dtype t,
                                       dtl_reduce_op op) {
+  dtl__mpi_call k = {.fn = "dtl_reduce_scatterv"};
   int *ic, *id;
-  DTL_TRY(dtl__int_counts("dtl_reduce_scatterv", c, recv_counts, &ic, &id));
-  int rc = MPI_Reduce_scatter(send, recv, ic, dtl__mpi_type(c, t), dtl__mpi_op(c, t, op), dtl__mpi_of(c)->comm);
-  free(ic);
-  if (rc != MPI_SUCCESS) return dtl__mpi_error("dtl_reduce_scatterv", rc);
-  if (op == DTL_AVG) dtl__divide(recv, recv_counts[c->rank], t, c->size);
-  return DTL_OK;
+  DTL_TRY(dtl__int_counts(&k, c, "recv_counts", recv_counts, 0, &ic, &id));
+  size_t es = dtl_dtype_size(t);
+  const void *s;
+  void *r;
+  dtl__mpi_reduce_scatter_buffers(&k, send, recv, (size_t)id[c->rank] * es, recv_counts[c->rank] * es, &s, &r);
+  dtl__mpi_avg_after(&k, op, recv, recv_counts[c->rank], t, c->size);
+  return dtl__mpi_issued(&k, MPI_Reduce_scatter(s, r, ic, dtl__mpi_type(t), dtl__mpi_op(c, t, op), dtl__mpi_of(c)->comm));
 }
 
 static dtl_status mpi_all_to_all(dtl_comm *c, const void *send, void *recv, size_t count_per_peer, dtl_dtype t) {
-  int n = 0;
-  DTL_TRY(dtl__int_count("dtl_all_to_all", count_per_peer, &n));
-  MPI_Datatype dt = dtl__mpi_type(c, t);
-  DTL__MPI_CALL("dtl_all_to_all", MPI_Alltoall(send, n, dt, recv, n, dt, dtl__mpi_of(c)->comm));
-  return DTL_OK;
+  dtl__mpi_call k = {.fn = "dtl_all_to_all"};
+  return mpi_all_to_all_call(c, send, recv, count_per_peer, t, &k);
 }
 
 static dtl_status mpi_all_to_allv(dtl_comm *c, const void *send, const size_t *send_counts, void *recv,
                                   const size_t *recv_counts, dtl_dtype t) {
-  int *sc, *sd, *rc_, *rd;
-  DTL_TRY(dtl__int_counts("dtl_all_to_allv", c, send_counts, &sc, &sd));
-  dtl_status st = dtl__int_counts("dtl_all_to_allv", c, recv_counts, &rc_, &rd);
-  if (st != DTL_OK) {
-    free(sc);
-    return st;
-  }
-  MPI_Datatype dt = dtl__mpi_type(c, t);
-  int rc = MPI_Alltoallv(send, sc, sd, dt, recv, rc_, rd, dt, dtl__mpi_of(c)->comm);
-  free(sc);
-  free(rc_);
-  if (rc != MPI_SUCCESS) return dtl__mpi_error("dtl_all_to_allv", rc);
+  dtl__mpi_call k = {.fn = "dtl_all_to_allv"};
+  return mpi_all_to_allv_call(c, send, send_counts, recv, recv_counts, t, &k);
+}
+
+/* --- nonblocking ------------------------------------------------------------------------------------------ */
+typedef struct {
+  struct dtl_request base;
+  dtl__mpi_call call;
+} dtl__mpi_request;
+
+static dtl_status dtl__mpi_request_new(dtl_comm *c, const char *fn, dtl__mpi_request **out) {
+  dtl__mpi_request *r = calloc(1, sizeof *r);
+  if (!r) return dtl__error(DTL_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
+  r->base.comm = c;
+  r->call.fn = fn;
+  r->call.nonblocking = true;
+  r->call.req = MPI_REQUEST_NULL;
+  *out = r;
   return DTL_OK;
 }
 
+/* Hands the started request out, or frees it when the start failed. */
+static dtl_status dtl__mpi_started(dtl__mpi_request *r, dtl_status st, dtl_request **out) {
+  if (st != DTL_OK) {
+    free(r);
+    return st;
+  }
+  *out = &r->base;
+  return DTL_OK;
+}
+
+#define DTL__MPI_ASYNC(fn, call_expr)                  \
+  do {                                                 \
+    dtl__mpi_request *r_ = NULL;                       \
+    DTL_TRY(dtl__mpi_request_new(c, fn, &r_));         \
+    dtl__mpi_call *k = &r_->call;                      \
+    return dtl__mpi_started(r_, (call_expr), req);     \
+  } while (0)
+
+static dtl_status mpi_all_gather_async(dtl_comm *c, const void *send, void *recv, size_t send_count, dtl_dtype t,
+                                       dtl_request **req) {
+  DTL__MPI_ASYNC("dtl_all_gather_async", mpi_all_gather_call(c, send, recv, send_count, t, k));
+}
+
+static dtl_status mpi_all_gatherv_async(dtl_comm *c, const void *send, size_t send_count, void *recv,
+                                        const size_t *recv_counts, dtl_dtype t, dtl_request **req) {
+  DTL__MPI_ASYNC("dtl_all_gatherv_async", mpi_all_gatherv_call(c, send, send_count, recv, recv_counts, t, k));
+}
+
+static dtl_status mpi_all_reduce_async(dtl_comm *c, const void *send, void *recv, size_t count, dtl_dtype t,
+                                       dtl_reduce_op op, dtl_request **req) {
+  DTL__MPI_ASYNC("dtl_all_reduce_async", mpi_all_reduce_call(c, send, recv, count, t, op, k));
+}
+
+static dtl_status mpi_reduce_scatter_async(dtl_comm *c, const void *send, void *recv, size_t recv_count, dtl_dtype t,
+                                           dtl_reduce_op op, dtl_request **req) {
+  DTL__MPI_ASYNC("dtl_reduce_scatter_async", mpi_reduce_scatter_call(c, send, recv, recv_count, t, op, k));
+}
+
+static dtl_status mpi_all_to_all_async(dtl_comm *c, const void *send, void *recv, size_t count_per_peer, dtl_dtype t,
+                                       dtl_request **req) {
+  DTL__MPI_ASYNC("dtl_all_to_all_async", mpi_all_to_all_call(c, send, recv, count_per_peer, t, k));
+}
+
+static dtl_status mpi_all_to_allv_async(dtl_comm *c, const void *send, const size_t *send_counts, void *recv,
+                                        const size_t *recv_counts, dtl_dtype t, dtl_request **req) {
+  DTL__MPI_ASYNC("dtl_all_to_allv_async", mpi_all_to_allv_call(c, send, send_counts, recv, recv_counts, t, k));
+}
+
+static dtl_status mpi_wait(dtl_request *req) {
+  dtl__mpi_request *r = (dtl__mpi_request *)req;
+  int rc = MPI_Wait(&r->call.req, MPI_STATUS_IGNORE);
+  dtl_status st = DTL_OK;
+  if (rc == MPI_SUCCESS) dtl__mpi_after(&r->call);
+  else st = dtl__mpi_error(r->call.fn, rc);
+  free(r->call.counts);
+  free(r);
+  return st;
+}
+
+static dtl_status mpi_test(dtl_request *req, bool *done) {
+  dtl__mpi_request *r = (dtl__mpi_request *)req;
+  int flag = 0;
+  DTL__MPI_CALL(r->call.fn, MPI_Test(&r->call.req, &flag, MPI_STATUS_IGNORE));
+  *done = flag != 0;
+  return DTL_OK;
+}
+
+/* --- point to point ----------------------------------------------------------------------------------------- */
 static dtl_status mpi_send(dtl_comm *c, const void *buf, size_t count, dtl_dtype t, int peer) {
   int n = 0;
   DTL_TRY(dtl__int_count("dtl_send", count, &n));
-  DTL__MPI_CALL("dtl_send", MPI_Send(buf, n, dtl__mpi_type(c, t), peer, 0, dtl__mpi_of(c)->comm));
+  DTL__MPI_CALL("dtl_send", MPI_Send(buf, n, dtl__mpi_type(t), peer, 0, dtl__mpi_of(c)->comm));
   return DTL_OK;
 }
 
@@ -248,9 +447,9 @@ static dtl_status mpi_recv(dtl_comm *c, void *buf, size_t count, dtl_dtype t, in
   int n = 0;
   DTL_TRY(dtl__int_count("dtl_recv", count, &n));
   MPI_Status status;
-  DTL__MPI_CALL("dtl_recv", MPI_Recv(buf, n, dtl__mpi_type(c, t), peer, 0, dtl__mpi_of(c)->comm, &status));
+  DTL__MPI_CALL("dtl_recv", MPI_Recv(buf, n, dtl__mpi_type(t), peer, 0, dtl__mpi_of(c)->comm, &status));
   int got = 0;
-  MPI_Get_count(&status, dtl__mpi_type(c, t), &got);
+  DTL__MPI_CALL("dtl_recv", MPI_Get_count(&status, dtl__mpi_type(t), &got));
   if (got != n)
     return dtl__error(DTL_ERR_MISMATCH, "dtl_recv: count=%zu but peer %d sent %d elements", count, peer, got);
   return DTL_OK;
@@ -262,13 +461,16 @@ static dtl_status mpi_barrier(dtl_comm *c) {
 }
 
 /* --- lifetime ----------------------------------------------------------------------------------------- */
+/* Frees m's MPI objects, unless MPI is already finalized (then they are gone with it). */
 static void dtl__mpi_free(dtl__mpi *m) {
-  for (int k = 0; k < 2; k++) {
-    for (int j = 0; j < 4; j++)
-      if (m->half_op[k][j] != MPI_OP_NULL) MPI_Op_free(&m->half_op[k][j]);
-    if (m->half_type[k] != MPI_DATATYPE_NULL) MPI_Type_free(&m->half_type[k]);
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) {
+    for (int k = 0; k < 2; k++)
+      for (int j = 0; j < 4; j++)
+        if (m->half_op[k][j] != MPI_OP_NULL) MPI_Op_free(&m->half_op[k][j]);
+    if (m->comm != MPI_COMM_NULL) MPI_Comm_free(&m->comm);
   }
-  if (m->comm != MPI_COMM_NULL) MPI_Comm_free(&m->comm);
   free(m);
 }
 
@@ -329,6 +531,10 @@ static const dtl__comm_ops dtl__mpi_ops = {
     .all_gather = mpi_all_gather, .all_gatherv = mpi_all_gatherv, .all_reduce = mpi_all_reduce,
     .reduce_scatter = mpi_reduce_scatter, .reduce_scatterv = mpi_reduce_scatterv, .all_to_all = mpi_all_to_all,
     .all_to_allv = mpi_all_to_allv, .send = mpi_send, .recv = mpi_recv, .barrier = mpi_barrier,
+    .all_gather_async = mpi_all_gather_async, .all_gatherv_async = mpi_all_gatherv_async,
+    .all_reduce_async = mpi_all_reduce_async, .reduce_scatter_async = mpi_reduce_scatter_async,
+    .all_to_all_async = mpi_all_to_all_async, .all_to_allv_async = mpi_all_to_allv_async,
+    .wait = mpi_wait, .test = mpi_test,
     .split = mpi_split, .check = mpi_check, .abort = mpi_abort, .destroy = mpi_destroy,
     .mem_alloc = mpi_mem_alloc, .mem_free = mpi_mem_free, .mem_copy = mpi_mem_copy, .mem_set = mpi_mem_set,
     .mem_fill_identity = mpi_fill_identity, .copy_box = mpi_copy_box, .synchronize = mpi_synchronize,
@@ -344,17 +550,11 @@ static dtl_status dtl__comm_wrap_mpi(MPI_Comm dup, dtl_comm **out) {
     return dtl__error(DTL_ERR_OUT_OF_MEMORY, "dtl_comm_from_mpi: out of host memory");
   }
   m->comm = dup;
-  for (int k = 0; k < 2; k++) {
-    m->half_type[k] = MPI_DATATYPE_NULL;
+  for (int k = 0; k < 2; k++)
     for (int j = 0; j < 4; j++) m->half_op[k][j] = MPI_OP_NULL;
-  }
-  MPI_Comm_set_errhandler(dup, MPI_ERRORS_RETURN);
-  int rc = MPI_SUCCESS;
-  for (int k = 0; k < 2 && rc == MPI_SUCCESS; k++) {
-    rc = MPI_Type_contiguous(2, MPI_BYTE, &m->half_type[k]);
-    if (rc == MPI_SUCCESS) rc = MPI_Type_commit(&m->half_type[k]);
+  int rc = MPI_Comm_set_errhandler(dup, MPI_ERRORS_RETURN);
+  for (int k = 0; k < 2 && rc == MPI_SUCCESS; k++)
     for (int j = 0; j < 4 && rc == MPI_SUCCESS; j++) rc = MPI_Op_create(fns[k][j], 1, &m->half_op[k][j]);
-  }
   int rank = 0, size = 0;
   if (rc == MPI_SUCCESS) rc = MPI_Comm_rank(dup, &rank);
   if (rc == MPI_SUCCESS) rc = MPI_Comm_size(dup, &size);

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Element types and reduction operators: sizes, names and parsing. */
 #include <string.h>
+#include "common/half.h"
 #include "common/internal.h"
 
 static const struct {
@@ -21,6 +22,11 @@ bool dtl__dtype_is_float(dtl_dtype t) { return dtl__dtype_valid(t) && dtl__dtype
 size_t dtl_dtype_size(dtl_dtype t) { return dtl__dtype_valid(t) ? dtl__dtypes[t].size : 0; }
 const char *dtl_dtype_name(dtl_dtype t) { return dtl__dtype_valid(t) ? dtl__dtypes[t].name : NULL; }
 const char *dtl_reduce_op_name(dtl_reduce_op op) { return dtl__reduce_op_valid(op) ? dtl__op_names[op] : NULL; }
+
+uint16_t dtl_f32_to_f16(float x) { return dtl__f32_to_f16(x); }
+float dtl_f16_to_f32(uint16_t h) { return dtl__f16_to_f32(h); }
+uint16_t dtl_f32_to_bf16(float x) { return dtl__f32_to_bf16(x); }
+float dtl_bf16_to_f32(uint16_t h) { return dtl__bf16_to_f32(h); }
 
 dtl_status dtl_dtype_parse(const char *text, dtl_dtype *out) {
   DTL_CHECK_ARG(text != NULL, "dtl_dtype_parse", "text=NULL");

@@ -1,6 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* This file is private to dtl. Bit-exact f16 and bf16 conversions (round to nearest even), so host code
- * never depends on a compiler's _Float16 support. */
+/* This file is private to dtl. Bit-exact f16 and bf16 conversions (round to nearest even, overflow to
+ * infinity), so host code never depends on a compiler's _Float16 support. Every non-NaN f16/bf16 value
+ * round-trips through f32 unchanged; a NaN stays a NaN of the same sign and payload, made quiet (as the
+ * hardware conversions do). */
 #ifndef DTL_HALF_H
 #define DTL_HALF_H
 
@@ -33,7 +35,7 @@ static inline uint16_t dtl__f32_to_f16(float f) {
   uint32_t u = dtl__f32_to_bits(f), sign = (u >> 16) & 0x8000u;
   int32_t exp = (int32_t)((u >> 23) & 0xffu);
   uint32_t man = u & 0x7fffffu;
-  if (exp == 255) return (uint16_t)(sign | 0x7c00u | (man ? 0x200u : 0u));
+  if (exp == 255) return (uint16_t)(sign | 0x7c00u | (man ? 0x200u | (man >> 13) : 0u));
   int32_t e = exp - 127 + 15;
   if (e >= 31) return (uint16_t)(sign | 0x7c00u);
   if (e <= 0) {

@@ -24,9 +24,11 @@ typedef enum {
 typedef struct {
   dtl__step_kind kind;
   int mesh_dim;
-  /* The full placement vectors before and after the step (they differ on mesh_dim only). */
+  /* The full placement vectors before and after the step (they differ on mesh_dim only). Mesh dims of
+   * size 1 never get a step; in every vector they carry dst's placement (a split in 1 changes no box). */
   dtl_placement before[DTL_MAX_MESH_DIMS], after[DTL_MAX_MESH_DIMS];
-  /* Per-rank estimates for this rank's coordinate (explain), and the cost under the plan's model. */
+  /* Bytes this rank's coordinate sends and receives (explain), and the step's cost under the plan's model
+   * (from the maximum over all ranks, so equal on every rank). */
   uint64_t send_bytes, recv_bytes;
   double cost_s;
 } dtl__plan_step;
@@ -39,6 +41,10 @@ struct dtl_plan {
   double total_cost_s;
   size_t scratch_bytes;
 };
+
+/* "all-gather", "all-reduce", "reduce-scatter", "all-to-all", "local slice", "local partial" (plan.c): the
+ * names explain prints, for every message that names a step. */
+const char *dtl__plan_step_name(dtl__step_kind k);
 
 /* Implemented by the executor, called by the planner as the last step of dtl_plan_create: the temporary
  * bytes one execution of p will allocate on this rank (at most the larger of its local source and target

@@ -31,7 +31,7 @@ dtl_status dtl_tp_attention_create(dtl_tp_context *ctx, const dtl_tp_attention_p
   DTL_CHECK_ARG(p->out != NULL, fn, "out=NULL (the [hidden, q_heads * head_dim] output weight is required)");
   DTL_CHECK_ARG(!(p->mask & DTL_TP_SCALE) || isfinite(p->scale), fn, "scale=%g (expected a finite number)",
                 (double)p->scale);
-  DTL_TRY(dtl__tp_check_compute(ctx, fn));
+  DTL_TRY(dtl__tp_check_compute(ctx, fn, false));
   size_t n;
   DTL_TRY(dtl__tp_count(fn, "qkv", (p->q_heads + 2 * p->kv_heads) * p->head_dim, p->hidden, &n));
   dtl_tp_attention *a = calloc(1, sizeof *a);

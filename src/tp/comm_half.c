@@ -21,13 +21,7 @@ dtl_status dtl__tp_reduce(dtl_tp_context *ctx, int64_t tokens, int64_t features,
     DTL_TRY(dtl_reduce_scatterv(ctx->comm, partial, y, ctx->counts, ctx->dtype, DTL_SUM));
     rows = dtl__tp_chunk(ctx, tokens, ctx->rank).count;
   }
-  if (bias) {
-    float *out = y;
-    const float *b = bias;
-    for (int64_t t = 0; t < rows; t++)
-      for (int64_t f = 0; f < features; f++) out[t * features + f] += b[f];
-  }
-  return DTL_OK;
+  return bias ? dtl__tp_bias_rows(ctx, y, bias, rows, features, features, true) : DTL_OK;
 }
 
 dtl_status dtl__tp_gather_columns(dtl_tp_context *ctx, int64_t tokens, int64_t features, const void *y_local, void *y) {
@@ -78,9 +72,6 @@ dtl_status dtl_tp_row_parallel_reduce(dtl_tp_context *ctx, const dtl_layout *out
   DTL_TRY(dtl__tp_check_layout(ctx, fn, "out_layout", out_layout, features, sp ? dtl_shard(0) : dtl_replicate(), &tokens));
   size_t full = (size_t)(tokens * features), local = dtl_layout_local_count(out_layout);
   DTL_TRY(dtl__tp_half_bufs(fn, "partial", partial, full, "y", y, local));
-  if (bias && (ctx->comm->ops->memory != DTL_MEMORY_HOST || ctx->dtype != DTL_FLOAT32))
-    return dtl__error_fn(DTL_ERR_UNSUPPORTED, fn, "bias on a %s %s context (the bias add runs on the host in f32; "
-                         "add it yourself after the reduction)", ctx->comm->ops->name, dtl_dtype_name(ctx->dtype));
   return dtl__tp_reduce(ctx, tokens, features, sp, partial, bias, y);
 }
 

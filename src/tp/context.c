@@ -28,8 +28,12 @@ dtl_status dtl_tp_context_create(const dtl_mesh *mesh, int tp_dim, const dtl_tp_
   c->comm = mesh->dim_comm[tp_dim];
   c->dtype = t;
   c->elem = dtl_dtype_size(t);
-  c->gemm = dtl__gemm_engine_host();
   c->counts = counts;
+  dtl_status st = dtl__gemm_engine_for_comm(&c->gemm, c->comm);
+  if (st != DTL_OK) {
+    dtl_tp_context_destroy(c);
+    return dtl__error_prefix(st, "%s", fn);
+  }
   *out = c;
   return DTL_OK;
 }
@@ -72,12 +76,14 @@ dtl_status dtl__tp_count(const char *fn, const char *what, int64_t a, int64_t b,
   return DTL_OK;
 }
 
-dtl_status dtl__tp_check_compute(const dtl_tp_context *ctx, const char *fn) {
-  if (ctx->comm->ops->memory != DTL_MEMORY_HOST)
+dtl_status dtl__tp_check_compute(const dtl_tp_context *ctx, const char *fn, bool device_ok) {
+  if (ctx->comm->ops->memory != DTL_MEMORY_HOST) {
+    if (device_ok) return DTL_OK;
     return dtl__error_fn(DTL_ERR_UNSUPPORTED, fn,
-                         "the TP layers compute on host memory only; on a device (%s) context use the weight-sharding "
-                         "functions and the communication halves with your own kernels",
+                         "on a device (%s) context only the linear layers, the weight-sharding functions and the "
+                         "communication halves run (the blocks' device kernels are not written yet)",
                          ctx->comm->ops->name);
+  }
   if (ctx->dtype != DTL_FLOAT32)
     return dtl__error_fn(DTL_ERR_UNSUPPORTED, fn, "context dtype %s: the host layers compute in f32",
                          dtl_dtype_name(ctx->dtype));

@@ -23,7 +23,7 @@ dtl_status dtl_tp_embedding_create(dtl_tp_context *ctx, const dtl_tp_embedding_p
   DTL_CHECK_ARG(p->vocab >= 1 && p->hidden >= 1, fn, "vocab=%lld hidden=%lld (expected >= 1)", (long long)p->vocab,
                 (long long)p->hidden);
   DTL_CHECK_ARG(p->table != NULL, fn, "table=NULL (the dense [vocab, hidden] table is required)");
-  DTL_TRY(dtl__tp_check_compute(ctx, fn));
+  DTL_TRY(dtl__tp_check_compute(ctx, fn, false));
   size_t n;
   DTL_TRY(dtl__tp_count(fn, "table", p->vocab, p->hidden, &n));
   dtl_tp_embedding *e = calloc(1, sizeof *e);

@@ -12,10 +12,14 @@
 typedef struct {
   dtl_memory memory;
   void *cublas; /* cublasHandle_t, device engines only */
+  void *stream; /* cudaStream_t the handle is bound to, device engines only */
 } dtl__gemm_engine;
 
 /* The host engine (no state). */
 dtl__gemm_engine dtl__gemm_engine_host(void);
+/* The engine for a communicator's memory: the host engine for MPI, a cuBLAS handle on the communicator's
+ * stream for NCCL (the calling thread's current device must be the communicator's). */
+dtl_status dtl__gemm_engine_for_comm(dtl__gemm_engine *e, dtl_comm *c);
 /* A cuBLAS handle on stream (a cudaStream_t; NULL = the legacy default stream). DTL_ERR_UNSUPPORTED when
  * dtl was built without CUDA, DTL_ERR_CUDA when cuBLAS cannot start (e.g. no device). */
 dtl_status dtl__gemm_engine_init_device(dtl__gemm_engine *e, void *stream);

@@ -21,6 +21,7 @@ dtl_status dtl__gemm_engine_init_device(dtl__gemm_engine *e, void *stream) {
   }
   e->memory = DTL_MEMORY_DEVICE;
   e->cublas = h;
+  e->stream = stream;
   return DTL_OK;
 }
 

@@ -28,7 +28,7 @@ dtl_status dtl_tp_mlp_create(dtl_tp_context *ctx, const dtl_tp_mlp_params *p, dt
   DTL_CHECK_ARG(p->gate_up != NULL, fn, "gate_up=NULL (the dense %s weight is required)",
                 p->activation == DTL_TP_ACT_SILU_GATED ? "fused [2 ffn, hidden] gate/up" : "[ffn, hidden] up");
   DTL_CHECK_ARG(p->down != NULL, fn, "down=NULL (the dense [hidden, ffn] weight is required)");
-  DTL_TRY(dtl__tp_check_compute(ctx, fn));
+  DTL_TRY(dtl__tp_check_compute(ctx, fn, false));
   bool gated = p->activation == DTL_TP_ACT_SILU_GATED;
   size_t n;
   DTL_TRY(dtl__tp_count(fn, "gate_up", (gated ? 2 : 1) * p->ffn, p->hidden, &n));

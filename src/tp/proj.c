@@ -3,7 +3,21 @@
  * checkpoint, and Y = X W^T + b through the context's GEMM. Column- and row-parallel layers, the fused QKV
  * and gate/up projections and the LM head all run through here. */
 #include <string.h>
+#include "tp/bias.h"
 #include "tp/tp_internal.h"
+
+dtl_status dtl__tp_bias_rows(dtl_tp_context *ctx, void *y, const void *bias, int64_t rows, int64_t cols, int64_t ldy,
+                             bool add) {
+  if (rows <= 0 || cols <= 0) return DTL_OK;
+  if (ctx->gemm.memory == DTL_MEMORY_DEVICE) {
+#if DTL_HAVE_NCCL
+    return dtl__tp_bias_rows_cuda(y, bias, rows, cols, ldy, add, ctx->dtype, ctx->gemm.stream);
+#else
+    return dtl__error(DTL_ERR_INTERNAL, "dtl__tp_bias_rows: a device engine in a build without CUDA");
+#endif
+  }
+  return dtl__tp_bias_rows_host(y, bias, rows, cols, ldy, add, ctx->dtype);
+}
 
 dtl_status dtl__tp_proj_init(dtl_tp_context *ctx, const char *fn, dtl__tp_proj *p, const void *w, int64_t in,
                              const dtl__tp_rows *ranges, int nranges, int64_t col_off, int64_t cols, const void *bias) {
@@ -57,9 +71,7 @@ dtl_status dtl__tp_proj_apply(dtl_tp_context *ctx, const dtl__tp_proj *p, bool w
   float beta = 0.0f;
   if (with_bias && p->bias && p->rows > 0) {
     /* Seed every output row with the bias and let the GEMM accumulate onto it (beta = 1). */
-    const float *b = p->bias;
-    float *out = y;
-    for (int64_t t = 0; t < tokens; t++) memcpy(out + t * ldy, b, (size_t)p->rows * sizeof(float));
+    DTL_TRY(dtl__tp_bias_rows(ctx, y, p->bias, tokens, p->rows, ldy, false));
     beta = 1.0f;
   }
   return dtl__gemm(&ctx->gemm, ctx->dtype, tokens, p->rows, p->cols, 1.0f, x, ldx, p->w, p->cols, beta, y, ldy);

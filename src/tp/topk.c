@@ -42,7 +42,7 @@ dtl_status dtl_tp_logits_topk(dtl_tp_context *ctx, const dtl_layout *logits_layo
   static const char fn[] = "dtl_tp_logits_topk";
   DTL_CHECK_ARG(ctx != NULL, fn, "ctx=NULL");
   DTL_CHECK_ARG(logits_layout != NULL, fn, "logits_layout=NULL");
-  DTL_TRY(dtl__tp_check_compute(ctx, fn));
+  DTL_TRY(dtl__tp_check_compute(ctx, fn, false));
   int64_t T, V = logits_layout->ndim == 2 ? logits_layout->shape[1] : -1;
   DTL_TRY(dtl__tp_check_layout(ctx, fn, "logits_layout", logits_layout, V, dtl_shard(1), &T));
   DTL_CHECK_ARG(k >= 1 && k <= V, fn, "k=%d (expected 1..vocab=%lld)", k, (long long)V);

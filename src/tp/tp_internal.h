@@ -41,8 +41,13 @@ dtl_status dtl__tp_scratch(dtl_tp_context *ctx, dtl__tp_ws slot, size_t bytes, v
  * *tokens gets the global token count. what names the argument ("x_layout"). */
 dtl_status dtl__tp_check_layout(const dtl_tp_context *ctx, const char *fn, const char *what, const dtl_layout *l,
                                 int64_t features, dtl_placement on_tp, int64_t *tokens);
-/* Layers: the layers compute on the host in f32 (DTL_ERR_UNSUPPORTED naming fn otherwise). */
-dtl_status dtl__tp_check_compute(const dtl_tp_context *ctx, const char *fn);
+/* Where a layer can compute: on the host in f32; on a device (f32/f16/bf16) only when device_ok (the linear
+ * layers: GEMM and bias; the others need device kernels that do not exist yet). DTL_ERR_UNSUPPORTED naming
+ * fn otherwise. */
+dtl_status dtl__tp_check_compute(const dtl_tp_context *ctx, const char *fn, bool device_ok);
+/* The bias epilogue on ctx memory (bias.h): seed (add false) or add bias [cols] on rows rows of y. */
+dtl_status dtl__tp_bias_rows(dtl_tp_context *ctx, void *y, const void *bias, int64_t rows, int64_t cols, int64_t ldy,
+                             bool add);
 /* Element count a*b with overflow check (DTL_ERR_INVALID_ARGUMENT naming fn and what). */
 dtl_status dtl__tp_count(const char *fn, const char *what, int64_t a, int64_t b, size_t *out);
 

@@ -6,6 +6,7 @@
  * tolerance of 1e-5 x (1 + max |ref|). Uneven sizes everywhere: out/in/ffn/vocab not divisible by tp, odd
  * token counts for sequence parallelism, kv heads replicated when tp > kv_heads. */
 #include "tp_oracle.h"
+#include "common/half.h"
 
 static t_env E;
 static const double TOL = 1e-5;
@@ -232,6 +233,34 @@ static void communication_halves_move_exactly_what_the_layers_move(void) {
   free(base), free(bias), free(partial);
 }
 
+/* The halves only copy and communicate, so they take the half types too (the bias adds in f32). */
+static void communication_halves_carry_f16_and_bf16_with_a_bias(void) {
+  t_case = __func__;
+  int64_t T = 5, F = 3, t0, tn;
+  t_chunk(T, E.tp, E.rank, &t0, &tn);
+  for (int bf = 0; bf < 2; bf++) {
+    dtl_tp_options o = {.mask = DTL_TP_OPT_DTYPE, .dtype = bf ? DTL_BFLOAT16 : DTL_FLOAT16};
+    dtl_tp_context *c = NULL;
+    CHECK_OK(dtl_tp_context_create(E.mesh, E.tp_dim, &o, &c));
+    float *base = t_ints(seed(44), T * F, 4), *bias = t_ints(seed(45), F, 4);
+    uint16_t part[15], b16[3], y[15];
+    for (int i = 0; i < T * F; i++) part[i] = bf ? dtl__f32_to_bf16(base[i] * (float)(E.rank + 1)) : dtl__f32_to_f16(base[i] * (float)(E.rank + 1));
+    for (int i = 0; i < F; i++) b16[i] = bf ? dtl__f32_to_bf16(bias[i]) : dtl__f32_to_f16(bias[i]);
+    dtl_layout *lo = NULL;
+    CHECK_OK(dtl_tp_activation_layout(c, T, F, dtl_shard(0), &lo));
+    CHECK_OK(dtl_tp_row_parallel_reduce(c, lo, part, b16, y));
+    for (int64_t r = 0; r < tn; r++)
+      for (int64_t f = 0; f < F; f++) {
+        float got = bf ? dtl__bf16_to_f32(y[r * F + f]) : dtl__f16_to_f32(y[r * F + f]);
+        float want = base[(t0 + r) * F + f] * (float)(E.tp * (E.tp + 1) / 2) + bias[f];
+        CHECK(got == want, "%s y[%lld,%lld]=%g want %g", bf ? "bf16" : "f16", (long long)r, (long long)f, got, want);
+      }
+    dtl_layout_destroy(lo);
+    dtl_tp_context_destroy(c);
+    free(base), free(bias);
+  }
+}
+
 /* ---------------------------------------------------------------------------------------------------- */
 static void mlp_block_matches_dense_with_uneven_ffn_and_odd_tokens(void) {
   t_case = __func__;
@@ -430,6 +459,7 @@ int main(int argc, char **argv) {
   column_linear_with_uneven_out_matches_dense_exactly();
   row_linear_with_uneven_in_matches_dense_exactly_and_adds_bias_once();
   communication_halves_move_exactly_what_the_layers_move();
+  communication_halves_carry_f16_and_bf16_with_a_bias();
   mlp_block_matches_dense_with_uneven_ffn_and_odd_tokens();
   attention_block_matches_dense_with_gqa_and_replicated_kv_heads();
   vocab_parallel_embedding_is_exact_with_uneven_vocab();

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The test harness of the TP tests: mesh set-up from the command line (--data D makes a D x (np/D)
- * data x tensor mesh; --tp-first makes it (np/D) x D with the TP dim first), a failure counter that every rank agrees on, deterministic generators, an
- * independent torch.chunk, and dense double-precision oracles of every layer. */
+ * data x tensor mesh; --tp-first makes it (np/D) x D with the TP dim first), a failure counter that every
+ * rank agrees on, deterministic generators, an independent torch.chunk, and dense double-precision oracles
+ * of every layer. */
 #ifndef DTL_TP_ORACLE_H
 #define DTL_TP_ORACLE_H
 
@@ -42,7 +43,7 @@ typedef struct {
   dtl_comm *world;
   dtl_mesh *mesh;
   dtl_tp_context *ctx;
-  int tp, rank, data, data_coord;
+  int tp_dim, tp, rank, data, data_coord;
 } t_env;
 
 static inline void t_setup(int argc, char **argv, t_env *env) {
@@ -69,6 +70,7 @@ static inline void t_setup(int argc, char **argv, t_env *env) {
   }
   int tp_dim = data > 1 && !tp_first ? 1 : 0;
   if (dtl_tp_context_create(env->mesh, tp_dim, NULL, &env->ctx) != DTL_OK) MPI_Abort(MPI_COMM_WORLD, 2);
+  env->tp_dim = tp_dim;
   env->tp = dtl_tp_context_size(env->ctx);
   env->rank = dtl_tp_context_rank(env->ctx);
   env->data = data;

@@ -1,0 +1,251 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* dtl_redistribute against the one raw MPI collective that moves the same bytes, on a 1-D mesh over all
+ * ranks (run with mpirun -n 2 and -n 4): S0->R and S1->R (MPI_Allgather), P->R (MPI_Allreduce), P->S0
+ * (MPI_Reduce_scatter_block), S0->S1 (MPI_Alltoall), on the mesh dim's own MPI communicator. The tensor is a
+ * square f32 matrix whose side is a multiple of p; size is its global bytes. dtl and raw rounds interleave;
+ * each time is the slowest rank's; times are medians over -n rounds, and the ratio is the median of the
+ * per-round ratios dtl/raw (robust to load that comes and goes on a shared machine). #wrong checks dtl's
+ * result.
+ * Then the cached-plan overhead: dtl_redistribute minus dtl_plan_execute of the same prebuilt plan (a
+ * one-element R->R plan, so no communication hides it).
+ * Targets (issue 3): ratio <= 1.05 where the shard is contiguous (S0->R, P->R, P->S0), <= 1.25 for S1->R and
+ * S0->S1 from 1 MiB; cached-plan overhead < 1 us. S1->R and S0->S1 pay one local pass over the shard (unpack
+ * or pack), on one node the same cost class as the shared-memory transfer itself.
+ * Options (nccl-tests style): -b min bytes, -e max bytes, -f factor (K/M/G suffixes), -n rounds, -w warmup;
+ * -c CASE runs one case only (e.g. -c S1-\>R). */
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <dtl.h>
+#include <dtl/mpi.h>
+
+static int rank, nranks;
+
+static size_t parse_size(const char *s) {
+  char *end;
+  double v = strtod(s, &end);
+  switch (*end) {
+    case 'G': case 'g': v *= 1024.0 * 1024 * 1024; break;
+    case 'M': case 'm': v *= 1024.0 * 1024; break;
+    case 'K': case 'k': v *= 1024.0; break;
+    default: break;
+  }
+  return (size_t)v;
+}
+
+static double median(double *v, int n) {
+  for (int i = 1; i < n; i++)
+    for (int j = i; j > 0 && v[j] < v[j - 1]; j--) {
+      double t = v[j];
+      v[j] = v[j - 1];
+      v[j - 1] = t;
+    }
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+typedef enum { C_S0_R, C_S1_R, C_P_R, C_P_S0, C_S0_S1, C_COUNT } bench_case;
+static const char *case_name[] = {"S0->R", "S1->R", "P->R", "P->S0", "S0->S1"};
+static const char *raw_name[] = {"MPI_Allgather", "MPI_Allgather", "MPI_Allreduce", "MPI_Reduce_scatter_block",
+                                 "MPI_Alltoall"};
+
+/* Value of global element (i, j) of the dense tensor (integers, exact in f32 after sums over p ranks). */
+static float value(int64_t i, int64_t j, int64_t n) { return (float)((i * n + j) % 4093); }
+
+typedef struct {
+  dtl_layout *src, *dst;
+  float *in, *out, *raw_in, *raw_out;
+  size_t raw_count; /* elements per rank of the raw call's send (allgather, alltoall: per peer) */
+} bench_buf;
+
+/* Fills this rank's source shard: shards of the dense tensor, or (P) parts whose sum is the dense tensor. */
+static void fill_source(const dtl_layout *l, float *buf, int64_t n, bool partial) {
+  int64_t shape[2], off[2];
+  dtl_layout_local_box(l, NULL, shape, off);
+  for (int64_t i = 0; i < shape[0]; i++)
+    for (int64_t j = 0; j < shape[1]; j++) {
+      float v = value(off[0] + i, off[1] + j, n);
+      buf[i * shape[1] + j] = partial ? (rank == 0 ? v - (float)(nranks - 1) : 1.0f) : v;
+    }
+}
+
+static long count_wrong(const dtl_layout *l, const float *buf, int64_t n) {
+  int64_t shape[2], off[2];
+  dtl_layout_local_box(l, NULL, shape, off);
+  long wrong = 0;
+  for (int64_t i = 0; i < shape[0]; i++)
+    for (int64_t j = 0; j < shape[1]; j++) wrong += buf[i * shape[1] + j] != value(off[0] + i, off[1] + j, n);
+  return wrong;
+}
+
+static void raw_call(bench_case c, bench_buf *b, MPI_Comm comm) {
+  int cnt = (int)b->raw_count;
+  switch (c) {
+    case C_S0_R:
+    case C_S1_R: MPI_Allgather(b->raw_in, cnt, MPI_FLOAT, b->raw_out, cnt, MPI_FLOAT, comm); break;
+    case C_P_R: MPI_Allreduce(b->raw_in, b->raw_out, cnt, MPI_FLOAT, MPI_SUM, comm); break;
+    case C_P_S0: MPI_Reduce_scatter_block(b->raw_in, b->raw_out, cnt, MPI_FLOAT, MPI_SUM, comm); break;
+    default: MPI_Alltoall(b->raw_in, cnt, MPI_FLOAT, b->raw_out, cnt, MPI_FLOAT, comm); break;
+  }
+}
+
+/* Slowest rank's time of one call. */
+static double timed(int is_dtl, bench_case c, bench_buf *b, MPI_Comm comm, int *failed) {
+  MPI_Barrier(comm);
+  double t0 = MPI_Wtime();
+  if (is_dtl) {
+    if (dtl_redistribute(b->src, b->in, b->dst, b->out) != DTL_OK) {
+      if (!*failed) fprintf(stderr, "[rank %d] %s: %s\n", rank, case_name[c], dtl_last_error());
+      *failed = 1;
+    }
+  } else {
+    raw_call(c, b, comm);
+  }
+  double t = MPI_Wtime() - t0, tmax;
+  MPI_Allreduce(&t, &tmax, 1, MPI_DOUBLE, MPI_MAX, comm);
+  return tmax;
+}
+
+static dtl_placement parse1(const char *t) {
+  dtl_placement p;
+  int n;
+  dtl_placements_parse(t, &p, 1, &n);
+  return p;
+}
+
+/* Cached-plan overhead: per-call time of dtl_redistribute minus that of dtl_plan_execute on the same plan. */
+static void overhead(dtl_mesh *mesh) {
+  int64_t shape[1] = {1};
+  dtl_placement r = dtl_replicate();
+  dtl_layout *a, *b;
+  dtl_layout_create(mesh, DTL_FLOAT32, 1, shape, &r, &a);
+  dtl_layout_create(mesh, DTL_FLOAT32, 1, shape, &r, &b);
+  dtl_plan *plan;
+  dtl_plan_create(a, b, &plan);
+  float x = 1, y = 0;
+  const int iters = 200000;
+  double best_r = 1e9, best_e = 1e9;
+  for (int round = 0; round < 5; round++) {
+    struct timespec t0, t1, t2;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (int i = 0; i < iters; i++) dtl_redistribute(a, &x, b, &y);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    for (int i = 0; i < iters; i++) dtl_plan_execute(plan, &x, &y);
+    clock_gettime(CLOCK_MONOTONIC, &t2);
+    double tr = ((double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec)) / iters;
+    double te = ((double)(t2.tv_sec - t1.tv_sec) + 1e-9 * (double)(t2.tv_nsec - t1.tv_nsec)) / iters;
+    if (tr < best_r) best_r = tr;
+    if (te < best_e) best_e = te;
+  }
+  if (rank == 0)
+    printf("# cached-plan overhead (rank 0, 1-element R->R plan, best of 5 rounds of %d calls):\n"
+           "#   dtl_redistribute %.1f ns/call, dtl_plan_execute %.1f ns/call, overhead %.1f ns/call (target < 1000)\n",
+           iters, best_r * 1e9, best_e * 1e9, (best_r - best_e) * 1e9);
+  dtl_plan_destroy(plan);
+  dtl_layout_destroy(a);
+  dtl_layout_destroy(b);
+}
+
+int main(int argc, char **argv) {
+  MPI_Init(&argc, &argv);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &nranks);
+  size_t minb = 1024, maxb = 64u << 20, factor = 4;
+  int iters = 20, warmup = 3, opt;
+  const char *only = NULL;
+  while ((opt = getopt(argc, argv, "b:e:f:n:w:c:")) != -1) {
+    switch (opt) {
+      case 'b': minb = parse_size(optarg); break;
+      case 'e': maxb = parse_size(optarg); break;
+      case 'f': factor = parse_size(optarg); break;
+      case 'n': iters = atoi(optarg); break;
+      case 'w': warmup = atoi(optarg); break;
+      case 'c': only = optarg; break;
+      default:
+        if (rank == 0) fprintf(stderr, "usage: dtl_redistribute_perf [-b min] [-e max] [-f factor] [-n rounds] [-w warmup] [-c case]\n");
+        MPI_Finalize();
+        return 2;
+    }
+  }
+  if (minb < 4 || maxb < minb || factor < 2 || iters < 1 || warmup < 0) {
+    if (rank == 0) fprintf(stderr, "dtl_redistribute_perf: need 4 <= -b <= -e, -f >= 2, -n >= 1, -w >= 0\n");
+    MPI_Finalize();
+    return 2;
+  }
+  dtl_comm *comm;
+  dtl_mesh *mesh;
+  int shape1[1] = {nranks};
+  if (dtl_comm_from_mpi(MPI_COMM_WORLD, &comm) != DTL_OK || dtl_mesh_create(comm, 1, shape1, &mesh) != DTL_OK) {
+    fprintf(stderr, "dtl_redistribute_perf: %s\n", dtl_last_error());
+    return 1;
+  }
+  MPI_Comm mc = dtl_comm_mpi_handle(dtl_mesh_dim_comm(mesh, 0));
+  double *td = malloc(sizeof(double) * (size_t)iters), *tr = malloc(sizeof(double) * (size_t)iters);
+  double *tq = malloc(sizeof(double) * (size_t)iters);
+  if (rank == 0)
+    printf("# dtl_redistribute vs the raw MPI collective on a 1-D mesh of %d ranks: square f32 tensor, size = global "
+           "bytes;\n# %d interleaved rounds after %d warmup, slowest rank per round; times: medians; ratio: median of the "
+           "per-round dtl/raw\n"
+           "# %-7s %10s %10s %5s %12s %9s %9s %12s %7s %7s  %s\n",
+           nranks, iters, warmup, "case", "size", "count", "type", "dtl time us", "algbw", "busbw", "raw time us",
+           "ratio", "#wrong", "raw call");
+  int failed = 0;
+  for (size_t bytes = minb; bytes <= maxb; bytes *= factor) {
+    int64_t n = (int64_t)llround(sqrt((double)bytes / 4.0) / nranks) * nranks;
+    if (n < nranks) n = nranks;
+    int64_t gshape[2] = {n, n};
+    size_t count = (size_t)(n * n), real = count * 4;
+    for (int c = 0; c < C_COUNT; c++) {
+      if (only && strcmp(only, case_name[c]) != 0) continue;
+      static const char *from[] = {"S0", "S1", "P", "P", "S0"}, *to[] = {"R", "R", "R", "S0", "S1"};
+      bench_buf b;
+      dtl_placement ps = parse1(from[c]), pd = parse1(to[c]);
+      dtl_layout_create(mesh, DTL_FLOAT32, 2, gshape, &ps, &b.src);
+      dtl_layout_create(mesh, DTL_FLOAT32, 2, gshape, &pd, &b.dst);
+      size_t in_n = dtl_layout_local_count(b.src), out_n = dtl_layout_local_count(b.dst);
+      b.in = malloc(in_n * 4 + 4);
+      b.out = malloc(out_n * 4 + 4);
+      b.raw_in = malloc(in_n * 4 + 4);
+      b.raw_out = malloc(out_n * 4 + 4);
+      b.raw_count = c == C_S0_S1 ? in_n / (size_t)nranks : c == C_P_S0 ? out_n : in_n;
+      fill_source(b.src, b.in, n, c == C_P_R || c == C_P_S0);
+      memcpy(b.raw_in, b.in, in_n * 4);
+      memset(b.out, 0, out_n * 4);
+      memset(b.raw_out, 0, out_n * 4);
+      for (int i = 0; i < warmup; i++) {
+        timed(1, (bench_case)c, &b, mc, &failed);
+        timed(0, (bench_case)c, &b, mc, &failed);
+      }
+      for (int i = 0; i < iters; i++) {
+        td[i] = timed(1, (bench_case)c, &b, mc, &failed);
+        tr[i] = timed(0, (bench_case)c, &b, mc, &failed);
+        tq[i] = td[i] / tr[i];
+      }
+      long wrong = count_wrong(b.dst, b.out, n), total_wrong = 0;
+      MPI_Allreduce(&wrong, &total_wrong, 1, MPI_LONG, MPI_SUM, mc);
+      double md = median(td, iters), mr = median(tr, iters), ratio = median(tq, iters);
+      double busf = c == C_P_R ? 2.0 * (nranks - 1) / nranks : (double)(nranks - 1) / nranks;
+      double algbw = (double)real / md / 1e9;
+      if (rank == 0)
+        printf("  %-7s %10zu %10zu %5s %12.1f %9.3f %9.3f %12.1f %7.3f %7ld  %s\n", case_name[c], real, count, "f32",
+               md * 1e6, algbw, algbw * busf, mr * 1e6, ratio, total_wrong, raw_name[c]);
+      free(b.in);
+      free(b.out);
+      free(b.raw_in);
+      free(b.raw_out);
+      dtl_layout_destroy(b.src);
+      dtl_layout_destroy(b.dst);
+    }
+  }
+  overhead(mesh);
+  free(td);
+  free(tr);
+  free(tq);
+  dtl_mesh_destroy(mesh);
+  dtl_comm_destroy(comm);
+  MPI_Finalize();
+  return failed;
+}

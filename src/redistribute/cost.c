@@ -1,0 +1,274 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The planner's alpha-beta cost model: engine defaults, DTL_PLAN_TUNE, and the bytes and time of each step
+ * kind, per rank and as the maximum over the mesh computed from the global shape. */
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include "redistribute/cost.h"
+
+/* Host MPI: ~2 us per message round, ~5 GB/s per link, ~10 GB/s memcpy. NCCL: ~10 us per round (kernel
+ * launch and protocol), ~100 GB/s NVLink, ~1 TB/s device memory. Orders of magnitude, not calibrations:
+ * they decide between plans, and DTL_PLAN_TUNE or dtl_plan_create_with_cost fit them to a machine. */
+static const dtl_cost_model dtl__cost_mpi = {DTL__COST_ALL, 2e-6, 2e-10, 1e-10};
+static const dtl_cost_model dtl__cost_nccl = {DTL__COST_ALL, 1e-5, 1e-11, 1e-12};
+
+dtl_status dtl_cost_model_default(dtl_memory memory, dtl_cost_model *out) {
+  static const char fn[] = "dtl_cost_model_default";
+  DTL_CHECK_ARG(out != NULL, fn, "out=NULL");
+  DTL_CHECK_ARG(memory == DTL_MEMORY_HOST || memory == DTL_MEMORY_DEVICE, fn,
+                "memory=%d (expected DTL_MEMORY_HOST or DTL_MEMORY_DEVICE)", (int)memory);
+  *out = memory == DTL_MEMORY_DEVICE ? dtl__cost_nccl : dtl__cost_mpi;
+  return DTL_OK;
+}
+
+static bool dtl__cost_value_ok(double v) { return isfinite(v) && v >= 0; }
+
+dtl_status dtl__cost_parse_tune(const char *fn, const char *text, dtl_cost_model *inout) {
+  static const struct {
+    const char *key;
+    uint64_t bit;
+  } keys[] = {{"alpha", DTL_COST_ALPHA}, {"beta", DTL_COST_BETA}, {"local_beta", DTL_COST_LOCAL_BETA}};
+  static const char expected[] =
+      "expected comma-separated key=value with keys alpha (s), beta (s/B), local_beta (s/B), each at most once, "
+      "values finite and >= 0, no blanks, e.g. \"alpha=2e-6,beta=2e-10,local_beta=1e-10\"";
+  dtl_cost_model m = *inout;
+  uint64_t seen = 0;
+  const char *p = text;
+  while (*p) {
+    const char *end = strchr(p, ',');
+    size_t len = end ? (size_t)(end - p) : strlen(p);
+    char entry[64];
+    if (len == 0 || len >= sizeof entry)
+      return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "DTL_PLAN_TUNE=\"%s\": %s entry at offset %d (%s)", text,
+                           len ? "over-long" : "empty", (int)(p - text), expected);
+    memcpy(entry, p, len);
+    entry[len] = '\0';
+    char *eq = strchr(entry, '=');
+    int k = -1;
+    if (eq) {
+      *eq = '\0';
+      for (int i = 0; i < 3; i++)
+        if (strcmp(entry, keys[i].key) == 0) k = i;
+      *eq = '=';
+    }
+    if (k < 0)
+      return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "DTL_PLAN_TUNE=\"%s\": entry \"%s\" has no known key (%s)", text,
+                           entry, expected);
+    if (seen & keys[k].bit)
+      return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "DTL_PLAN_TUNE=\"%s\": %s is given twice (%s)", text,
+                           keys[k].key, expected);
+    const char *num = eq + 1;
+    char *stop = NULL;
+    errno = 0;
+    double v = (*num && *num != ' ' && *num != '\t') ? strtod(num, &stop) : NAN;
+    if (!stop || stop == num || *stop != '\0' || errno == ERANGE || !dtl__cost_value_ok(v))
+      return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "DTL_PLAN_TUNE=\"%s\": %s=\"%s\" is not a finite number >= 0 (%s)",
+                           text, keys[k].key, num, expected);
+    seen |= keys[k].bit;
+    if (k == 0) m.alpha_s = v;
+    if (k == 1) m.beta_s_per_byte = v;
+    if (k == 2) m.local_beta_s_per_byte = v;
+    if (!end) break;
+    p = end + 1;
+    if (!*p)
+      return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "DTL_PLAN_TUNE=\"%s\": trailing comma (%s)", text, expected);
+  }
+  *inout = m;
+  return DTL_OK;
+}
+
+dtl_status dtl__cost_resolve(const char *fn, const dtl_mesh *mesh, const dtl_cost_model *over, dtl_cost_model *out) {
+  dtl_memory mem = mesh->comm ? dtl_comm_memory(mesh->comm) : DTL_MEMORY_HOST;
+  dtl_cost_model m = mem == DTL_MEMORY_DEVICE ? dtl__cost_nccl : dtl__cost_mpi;
+  const char *tune = getenv("DTL_PLAN_TUNE");
+  if (tune) DTL_TRY(dtl__cost_parse_tune(fn, tune, &m));
+  if (over) {
+    DTL_CHECK_ARG((over->mask & ~(uint64_t)DTL__COST_ALL) == 0, fn,
+                  "cost->mask=0x%llx has unknown bits (expected DTL_COST_ALPHA | DTL_COST_BETA | DTL_COST_LOCAL_BETA)",
+                  (unsigned long long)over->mask);
+    DTL_CHECK_ARG(!(over->mask & DTL_COST_ALPHA) || dtl__cost_value_ok(over->alpha_s), fn,
+                  "cost->alpha_s=%g (expected finite and >= 0)", over->alpha_s);
+    DTL_CHECK_ARG(!(over->mask & DTL_COST_BETA) || dtl__cost_value_ok(over->beta_s_per_byte), fn,
+                  "cost->beta_s_per_byte=%g (expected finite and >= 0)", over->beta_s_per_byte);
+    DTL_CHECK_ARG(!(over->mask & DTL_COST_LOCAL_BETA) || dtl__cost_value_ok(over->local_beta_s_per_byte), fn,
+                  "cost->local_beta_s_per_byte=%g (expected finite and >= 0)", over->local_beta_s_per_byte);
+    if (over->mask & DTL_COST_ALPHA) m.alpha_s = over->alpha_s;
+    if (over->mask & DTL_COST_BETA) m.beta_s_per_byte = over->beta_s_per_byte;
+    if (over->mask & DTL_COST_LOCAL_BETA) m.local_beta_s_per_byte = over->local_beta_s_per_byte;
+  }
+  m.mask = DTL__COST_ALL;
+  *out = m;
+  return DTL_OK;
+}
+
+/* --- volumes ---------------------------------------------------------------------------------------- */
+
+/* torch.chunk of n into k, in closed form: chunks 0..nfull-1 hold cs, chunk nfull holds rem (when it
+ * exists), the rest are empty. cs comes from dtl__chunk, the one statement of the rule. */
+typedef struct {
+  int64_t cs, nfull, rem;
+} dtl__split;
+
+static dtl__split dtl__split_of(int64_t n, int k) {
+  int64_t off, cs;
+  dtl__chunk(n, k, 0, &off, &cs);
+  dtl__split s = {cs, cs ? n / cs : k, 0};
+  s.rem = n - s.nfull * cs;
+  return s;
+}
+
+static int64_t dtl__split_size(const dtl__split *s, int64_t c) { return c < s->nfull ? s->cs : c == s->nfull ? s->rem : 0; }
+
+/* The volume of a step for one rank, from scalars. A is the group's extent of the tensor dim the step
+ * unshards (S(i) -> R or S(j)), a and a_next the pieces of it that the rank and its ring successor hold
+ * before; B is the group's extent of the tensor dim the step shards (-> S(j)) and b the rank's piece of it
+ * after; rest is the product of the rank's other extents. */
+static void dtl__volume_scalar(dtl__step_kind kind, int p, uint64_t A, uint64_t a, uint64_t a_next, uint64_t B,
+                               uint64_t b, uint64_t rest, size_t es, dtl__step_volume *v) {
+  uint64_t send = 0, recv = 0, charged = 0;
+  switch (kind) {
+    case DTL__STEP_ALL_GATHER: /* ring: receives every block but its own, forwards all but its successor's */
+      recv = charged = rest * (A - a);
+      send = rest * (A - a_next);
+      break;
+    case DTL__STEP_ALL_REDUCE: /* ring: a reduce-scatter then an all-gather, 2 (p-1)/p of the data each way */
+      send = recv = charged = (uint64_t)((unsigned __int128)rest * (unsigned)(2 * (p - 1)) / (unsigned)p);
+      break;
+    case DTL__STEP_REDUCE_SCATTER: /* ring: every block but the one the rank keeps passes through it */
+      send = recv = charged = rest * (B - b);
+      break;
+    case DTL__STEP_ALL_TO_ALL: /* pairwise: keeps the overlap of its old and new pieces, swaps the rest */
+      send = rest * a * (B - b);
+      recv = rest * b * (A - a);
+      charged = send > recv ? send : recv;
+      break;
+    case DTL__STEP_LOCAL_SLICE: charged = rest * b; break;
+    case DTL__STEP_LOCAL_PARTIAL: charged = rest; break;
+  }
+  v->send = send * es;
+  v->recv = recv * es;
+  v->charged = charged * es;
+}
+
+/* The tensor dims a step unshards (i) and shards (j); -1 when none. */
+static void dtl__step_dims(int m, const dtl_placement *before, const dtl_placement *after, int *i, int *j) {
+  *i = before[m].kind == DTL_SHARD ? before[m].dim : -1;
+  *j = after[m].kind == DTL_SHARD ? after[m].dim : -1;
+}
+
+void dtl__step_volume_at(const dtl_layout *g, dtl__step_kind kind, int m, const dtl_placement *before,
+                         const dtl_placement *after, const int *coord, dtl__step_volume *out) {
+  int64_t bs[DTL_MAX_TENSOR_DIMS], as[DTL_MAX_TENSOR_DIMS], off[DTL_MAX_TENSOR_DIMS];
+  dtl__local_box(g->mesh, g->ndim, g->shape, before, coord, bs, off);
+  dtl__local_box(g->mesh, g->ndim, g->shape, after, coord, as, off);
+  int i, j, p = g->mesh->shape[m];
+  dtl__step_dims(m, before, after, &i, &j);
+  uint64_t rest = 1;
+  for (int d = 0; d < g->ndim; d++)
+    if (d != i && d != j) rest *= (uint64_t)bs[d];
+  /* m is the innermost split of i before and of j after, so the group extents are the unsplit ones. */
+  uint64_t A = i >= 0 ? (uint64_t)as[i] : 0, a = i >= 0 ? (uint64_t)bs[i] : 0, a_next = 0;
+  uint64_t B = j >= 0 ? (uint64_t)bs[j] : 0, b = j >= 0 ? (uint64_t)as[j] : 0;
+  if (i >= 0) {
+    dtl__split sa = dtl__split_of((int64_t)A, p);
+    a_next = (uint64_t)dtl__split_size(&sa, (coord[m] + 1) % p);
+  }
+  dtl__volume_scalar(kind, p, A, a, a_next, B, b, rest, dtl_dtype_size(g->dtype), out);
+}
+
+/* The distinct extents that tensor dim d of size n takes after the splits of the mesh dims in ks (left to
+ * right). torch.chunk gives at most three sizes per split (full, remainder, empty), so the set stays small. */
+#define DTL__EXTENT_SET_MAX 32 /* 3^3 + 1: at most three splits besides the step's own */
+static int dtl__extent_set(int64_t n, const int *ks, int nk, int64_t *out) {
+  int cnt = 1;
+  out[0] = n;
+  for (int l = 0; l < nk; l++) {
+    int64_t next[DTL__EXTENT_SET_MAX];
+    int nn = 0;
+    for (int e = 0; e < cnt; e++) {
+      dtl__split sp = dtl__split_of(out[e], ks[l]);
+      int64_t cand[3] = {sp.cs, sp.rem, 0};
+      int nc = sp.nfull + 1 < ks[l] ? 3 : sp.nfull < ks[l] ? 2 : 1;
+      for (int q = 0; q < nc; q++) {
+        bool dup = false;
+        for (int r = 0; r < nn; r++) dup |= next[r] == cand[q];
+        if (!dup && nn < DTL__EXTENT_SET_MAX) next[nn++] = cand[q];
+      }
+    }
+    memcpy(out, next, (size_t)nn * sizeof *out);
+    cnt = nn;
+  }
+  return cnt;
+}
+
+/* The distinct extents of tensor dim d under p, split by every sharding mesh dim except skip. */
+static int dtl__extents(const dtl_layout *g, const dtl_placement *p, int d, int skip, int64_t *set) {
+  int ks[DTL_MAX_MESH_DIMS], nk = 0;
+  for (int md = 0; md < g->mesh->ndim; md++)
+    if (md != skip && p[md].kind == DTL_SHARD && p[md].dim == d) ks[nk++] = g->mesh->shape[md];
+  return dtl__extent_set(g->shape[d], ks, nk, set);
+}
+
+void dtl__step_volume_max(const dtl_layout *g, dtl__step_kind kind, int m, const dtl_placement *before,
+                          const dtl_placement *after, dtl__step_volume *out) {
+  int i, j, p = g->mesh->shape[m];
+  dtl__step_dims(m, before, after, &i, &j);
+  /* Each mesh dim shards one tensor dim, so the extents of different tensor dims depend on disjoint
+   * coordinates and the maximum of their product is the product of their maxima (chunk 0 at every split
+   * is the largest). Only i and j interact with the coordinate on m, so those are enumerated jointly. */
+  int64_t maxext[DTL_MAX_TENSOR_DIMS];
+  for (int d = 0; d < g->ndim; d++) maxext[d] = g->shape[d];
+  for (int md = 0; md < g->mesh->ndim; md++)
+    if (before[md].kind == DTL_SHARD) maxext[before[md].dim] = dtl__split_of(maxext[before[md].dim], g->mesh->shape[md]).cs;
+  uint64_t rest = 1;
+  for (int d = 0; d < g->ndim; d++)
+    if (d != i && d != j) rest *= (uint64_t)maxext[d];
+  int64_t setA[DTL__EXTENT_SET_MAX], setB[DTL__EXTENT_SET_MAX];
+  setA[0] = setB[0] = 0;
+  int nA = i >= 0 ? dtl__extents(g, before, i, m, setA) : 1;
+  int nB = j >= 0 ? dtl__extents(g, before, j, m, setB) : 1;
+  size_t es = dtl_dtype_size(g->dtype);
+  dtl__step_volume best = {0, 0, 0};
+  for (int x = 0; x < nA; x++)
+    for (int y = 0; y < nB; y++) {
+      dtl__split sa = dtl__split_of(setA[x], p), sb = dtl__split_of(setB[y], p);
+      /* The pieces of c, c+1 and c in A and B change only where a chunk turns from full to remainder to
+       * empty (and where the successor wraps), so the coordinates starting those runs see every value. */
+      int64_t cand[8] = {0, sa.nfull - 1, sa.nfull, sa.nfull + 1, sb.nfull, sb.nfull + 1, p - 1, 0};
+      for (int q = 0; q < 7; q++) {
+        int64_t c = cand[q];
+        if (c < 0 || c >= p) continue;
+        dtl__step_volume v;
+        dtl__volume_scalar(kind, p, (uint64_t)setA[x], (uint64_t)dtl__split_size(&sa, c),
+                           (uint64_t)dtl__split_size(&sa, (c + 1) % p), (uint64_t)setB[y],
+                           (uint64_t)dtl__split_size(&sb, c), rest, es, &v);
+        if (v.send > best.send) best.send = v.send;
+        if (v.recv > best.recv) best.recv = v.recv;
+        if (v.charged > best.charged) best.charged = v.charged;
+      }
+    }
+  *out = best;
+}
+
+int dtl__step_rounds(dtl__step_kind kind, int p) {
+  switch (kind) {
+    case DTL__STEP_ALL_REDUCE: return 2 * (p - 1);
+    case DTL__STEP_ALL_GATHER:
+    case DTL__STEP_REDUCE_SCATTER:
+    case DTL__STEP_ALL_TO_ALL: return p - 1;
+    default: return 0;
+  }
+}
+
+int64_t dtl__step_cost_ps(const dtl_cost_model *c, dtl__step_kind kind, int p, const dtl__step_volume *max) {
+  bool local = kind == DTL__STEP_LOCAL_SLICE || kind == DTL__STEP_LOCAL_PARTIAL;
+  /* A collective pays alpha per ring round plus alpha once for the call itself (entry, launch, the
+   * synchronisation of its group). Without that term one all-reduce and a reduce-scatter + all-reduce +
+   * all-gather over two mesh dims tie on latency, and the planner would trade a collective for a handful
+   * of bytes; with it, the hierarchical form wins only once the bytes it saves outweigh one more call. */
+  double s = local ? (double)max->charged * c->local_beta_s_per_byte
+                   : (dtl__step_rounds(kind, p) + 1) * c->alpha_s + (double)max->charged * c->beta_s_per_byte;
+  double ps = s * 1e12, cap = (double)(INT64_MAX / 4);
+  return ps >= cap ? (int64_t)(INT64_MAX / 4) : (int64_t)llround(ps);
+}

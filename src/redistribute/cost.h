@@ -1,0 +1,42 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* This file is private to dtl. The planner's cost model: resolving the alpha-beta parameters (engine
+ * defaults, then DTL_PLAN_TUNE, then explicit fields) and pricing one step. The search, explain and the
+ * tests' independent brute-force search all price steps through these functions, so "optimal" means the
+ * same thing everywhere. */
+#ifndef DTL_REDISTRIBUTE_COST_H
+#define DTL_REDISTRIBUTE_COST_H
+
+#include "redistribute/plan_internal.h"
+
+#define DTL__COST_ALL (DTL_COST_ALPHA | DTL_COST_BETA | DTL_COST_LOCAL_BETA)
+
+/* The model a plan over m uses: the defaults of m's engine (abstract meshes: MPI), then the fields named in
+ * the DTL_PLAN_TUNE environment variable, then the fields of over (may be NULL) whose mask bit is set.
+ * Explicit arguments win over the environment because they are the program's own decision. */
+dtl_status dtl__cost_resolve(const char *fn, const dtl_mesh *m, const dtl_cost_model *over, dtl_cost_model *out);
+/* Applies DTL_PLAN_TUNE text ("alpha=2e-6,beta=2e-10,local_beta=1e-10", any subset, any order, no blanks)
+ * to *inout; malformed text is DTL_ERR_INVALID_ARGUMENT naming the bad entry, and *inout is untouched. */
+dtl_status dtl__cost_parse_tune(const char *fn, const char *text, dtl_cost_model *inout);
+
+/* What one step moves on one rank, in bytes. */
+typedef struct {
+  uint64_t send, recv; /* leaving / arriving at the rank under the ring (or pairwise) algorithm; 0 for local steps */
+  uint64_t charged;    /* what the model charges: network bytes, or bytes touched by a local step */
+} dtl__step_volume;
+
+/* geom supplies mesh, dtype and global shape (its placements are ignored); before and after differ on
+ * mesh dim m only, by a transition of the given kind. _at: the rank at coord. _max: the largest figure
+ * over all ranks of the mesh (each field maximised separately), computed from the global shapes, so every
+ * rank gets the same number: the step takes as long as its slowest group. */
+void dtl__step_volume_at(const dtl_layout *geom, dtl__step_kind kind, int m, const dtl_placement *before,
+                         const dtl_placement *after, const int *coord, dtl__step_volume *out);
+void dtl__step_volume_max(const dtl_layout *geom, dtl__step_kind kind, int m, const dtl_placement *before,
+                          const dtl_placement *after, dtl__step_volume *out);
+/* Rounds of the ring algorithm on p ranks (0 for local steps). */
+int dtl__step_rounds(dtl__step_kind kind, int p);
+/* (rounds + 1) x alpha + charged x beta, the 1 being the call itself (local steps: charged x local_beta),
+ * in whole picoseconds so that the
+ * search compares exact integers and breaks ties the same way on every rank. Saturates near INT64_MAX/4. */
+int64_t dtl__step_cost_ps(const dtl_cost_model *c, dtl__step_kind kind, int p, const dtl__step_volume *max);
+
+#endif

@@ -1,0 +1,22 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* This file is private to dtl. It exposes the plan cache that dtl_redistribute keeps on each mesh, so that
+ * tests can check that repeated calls reuse one plan, and the executor's chunk size, so that tests reach the
+ * chunked pack/unpack paths with small tensors. */
+#ifndef DTL_REDISTRIBUTE_INTERNAL_H
+#define DTL_REDISTRIBUTE_INTERNAL_H
+
+#include "redistribute/plan_internal.h"
+
+/* The mesh's cached plan for (src, dst), creating and caching it on a miss. The plan belongs to the cache
+ * (freed with the mesh). src and dst must be valid layouts on the same mesh. */
+dtl_status dtl__plan_cached(const dtl_layout *src, const dtl_layout *dst, const dtl_plan **out);
+
+/* Lookups of the mesh's plan cache that found a plan, and those that had to create one. */
+void dtl__plan_cache_stats(const dtl_mesh *m, uint64_t *hits, uint64_t *misses);
+
+/* Test hook: the bytes of one chunk of a host pack/unpack pass (0: the default, 1 MiB) and how many chunks
+ * an average shard must hold before an all-to-all is chunked (0: the default, 32). Not thread-safe; plans
+ * made before a change keep their scratch figure, so change it only between plan creations. */
+void dtl__executor_set_chunking(size_t chunk_bytes, size_t a2a_min_chunks);
+
+#endif

@@ -1,0 +1,6 @@
+# SPDX-License-Identifier: Apache-2.0
+# The executor and dtl_redistribute: MPI tests against the dense oracle (world sizes 1-8; each picks the
+# meshes whose rank count matches).
+dtl_mpi_test(test_executor_steps SOURCES test_executor_steps.c test_redistribute_util.c NP 1 2 3 4 5 6 8)
+dtl_mpi_test(test_redistribute_oracle SOURCES test_redistribute_oracle.c test_redistribute_util.c NP 1 2 3 4 5 6 8)
+dtl_mpi_test(test_redistribute_errors SOURCES test_redistribute_errors.c test_redistribute_util.c NP 1 2 3 4)

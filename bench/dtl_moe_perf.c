@@ -16,35 +16,8 @@
 #include <string.h>
 #include <dtl.h>
 #include <dtl/mpi.h>
+#include "bench_util.h"
 
-/* Any failure ends the run: a benchmark has nothing to fall back to. */
-static void ok_or_abort(dtl_status s, int line) {
-  if (s == DTL_OK) return;
-  fprintf(stderr, "dtl_moe_perf.c:%d: %s: %s\n", line, dtl_status_name(s), dtl_last_error());
-  MPI_Abort(MPI_COMM_WORLD, 1);
-}
-#define TRY(call) ok_or_abort((call), __LINE__)
-
-static long long parse_size(const char *s) {
-  char *end;
-  double v = strtod(s, &end);
-  switch (*end) {
-    case 'K': case 'k': v *= 1024; break;
-    case 'M': case 'm': v *= 1024 * 1024; break;
-    case 'G': case 'g': v *= 1024.0 * 1024 * 1024; break;
-    default: break;
-  }
-  return (long long)v;
-}
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmp_double);
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 /* The slowest rank's time of one round. */
 static double slowest(double t) {
   double m;
@@ -66,10 +39,10 @@ int main(int argc, char **argv) {
   const char *exchange_name = "auto";
   for (int i = 1; i + 1 < argc; i += 2) {
     const char *o = argv[i], *v = argv[i + 1];
-    if (!strcmp(o, "-b")) tmin = parse_size(v);
-    else if (!strcmp(o, "-e")) tmax = parse_size(v);
+    if (!strcmp(o, "-b")) tmin = bench_parse_size(v);
+    else if (!strcmp(o, "-e")) tmax = bench_parse_size(v);
     else if (!strcmp(o, "-f")) factor = atoi(v);
-    else if (!strcmp(o, "-d")) hidden = (int)parse_size(v);
+    else if (!strcmp(o, "-d")) hidden = (int)bench_parse_size(v);
     else if (!strcmp(o, "-E")) experts = atoi(v);
     else if (!strcmp(o, "-k")) k = atoi(v);
     else if (!strcmp(o, "-n")) iters = atoi(v);
@@ -89,11 +62,11 @@ int main(int argc, char **argv) {
   if (iters < 1) iters = 1;
 
   dtl_comm *comm;
-  TRY(dtl_comm_from_mpi(MPI_COMM_WORLD, &comm));
+  BENCH_TRY(dtl_comm_from_mpi(MPI_COMM_WORLD, &comm));
   MPI_Comm raw = dtl_comm_mpi_handle(comm);
   const int rank = dtl_comm_rank(comm), size = dtl_comm_size(comm);
   dtl_moe_placement *pl;
-  TRY(dtl_moe_placement_create(experts, size, NULL, &pl));
+  BENCH_TRY(dtl_moe_placement_create(experts, size, NULL, &pl));
   if (rank == 0) {
     printf("# dtl_moe_perf: %d ranks, %d experts, top-%d, hidden %d, f32, exchange %s, verify %d, iters %d, warmup %d\n",
            size, experts, k, hidden, exchange_name, verify, iters, warmup);
@@ -111,7 +84,7 @@ int main(int argc, char **argv) {
     for (int64_t i = 0; i < T * H; i++) x[i] = uniform() * 2 - 1;
     for (int64_t i = 0; i < T * experts; i++) logits[i] = uniform() * 4;
     dtl_moe_router_params rp = {.mask = DTL_MOE_ROUTER_RENORMALIZE, .renormalize = 1};
-    TRY(dtl_moe_router_topk(logits, T, experts, k, &rp, ids, w));
+    BENCH_TRY(dtl_moe_router_topk(logits, T, experts, k, &rp, ids, w));
     dtl_moe_layout_params lp = {.mask = DTL_MOE_LAYOUT_EXCHANGE | DTL_MOE_LAYOUT_VERIFY, .exchange = exchange,
                                 .verify = verify};
 
@@ -122,7 +95,7 @@ int main(int argc, char **argv) {
       if (L) dtl_moe_layout_destroy(L);
       MPI_Barrier(raw);
       double t0 = MPI_Wtime();
-      TRY(dtl_moe_layout_create(comm, pl, T, k, ids, w, H, DTL_FLOAT32, &lp, &L));
+      BENCH_TRY(dtl_moe_layout_create(comm, pl, T, k, ids, w, H, DTL_FLOAT32, &lp, &L));
       tl[r] = slowest(MPI_Wtime() - t0);
     }
     const int64_t rows = dtl_moe_layout_expert_rows(L);
@@ -130,7 +103,7 @@ int main(int argc, char **argv) {
 
     /* The raw baseline moves the same rows: per-peer counts from the layout's per-expert counts. */
     int64_t *kept = malloc(sizeof(int64_t) * (size_t)experts);
-    TRY(dtl_moe_layout_token_counts(L, kept, NULL));
+    BENCH_TRY(dtl_moe_layout_token_counts(L, kept, NULL));
     int *sc = calloc((size_t)size, sizeof(int)), *rc = calloc((size_t)size, sizeof(int));
     int *sd = calloc((size_t)size, sizeof(int)), *rd = calloc((size_t)size, sizeof(int));
     int64_t sent = 0;
@@ -151,8 +124,8 @@ int main(int argc, char **argv) {
     for (int it = -warmup; it < iters; it++) {
       MPI_Barrier(raw);
       double t0 = MPI_Wtime();
-      TRY(dtl_moe_layout_dispatch(L, x, ein));
-      TRY(dtl_moe_layout_combine(L, ein, y));
+      BENCH_TRY(dtl_moe_layout_dispatch(L, x, ein));
+      BENCH_TRY(dtl_moe_layout_combine(L, ein, y));
       double a = slowest(MPI_Wtime() - t0);
       MPI_Barrier(raw);
       t0 = MPI_Wtime();
@@ -175,7 +148,7 @@ int main(int argc, char **argv) {
         wrong += y[t * H + h] != want;
       }
     MPI_Allreduce(&wrong, &gwrong, 1, MPI_LONG_LONG, MPI_SUM, raw);
-    double time = median(td, iters), rawt = median(tr, iters), layout = median(tl, 5);
+    double time = bench_median(td, iters), rawt = bench_median(tr, iters), layout = bench_median(tl, 5);
     double bytes = (double)T * k * H * sizeof(float);
     double algbw = 2 * bytes / time / 1e9;
     if (rank == 0)

@@ -30,7 +30,7 @@ build: configure
 
 demo: build
 	$(MPIRUN) -n $(NP) $(BUILD)/examples/collectives
-	@for ex in tp_transformer moe; do \
+	@for ex in quickstart tp_transformer moe; do \
 	  if [ -x $(BUILD)/examples/$$ex ]; then echo "== $$ex on $(NP) ranks"; \
 	    $(MPIRUN) -n $(NP) $(BUILD)/examples/$$ex || exit 1; fi; done
 
@@ -47,9 +47,13 @@ test-asan: setup
 	cmake --build $(BUILD_ASAN) -j $(JOBS)
 	cd $(BUILD_ASAN) && ctest --output-on-failure -j $(JOBS) -L sanitize
 
+# Speed targets live here, never in timed tests. Each line is one table of the README.
 bench: build
-	$(MPIRUN) -n 2 $(BUILD)/bench/dtl_coll_perf -b 1K -e 64M -f 4
-	$(MPIRUN) -n 4 $(BUILD)/bench/dtl_coll_perf -b 1K -e 64M -f 4
+	for np in 2 4; do $(MPIRUN) -n $$np $(BUILD)/bench/dtl_coll_perf -b 1K -e 64M -f 4 || exit 1; done
+	for np in 2 4; do $(MPIRUN) -n $$np $(BUILD)/bench/dtl_redistribute_perf -b 1K -e 64M -f 4 || exit 1; done
+	$(BUILD)/bench/dtl_plan_perf
+	for np in 1 2; do $(MPIRUN) -n $$np $(BUILD)/bench/dtl_tp_perf || exit 1; done
+	for np in 2 4; do $(MPIRUN) -n $$np $(BUILD)/bench/dtl_moe_perf -b 64 -e 2K -f 2 || exit 1; done
 
 install: build
 	cmake --install $(BUILD) --prefix $(PREFIX)

@@ -18,6 +18,7 @@
 #include <string.h>
 #include <dtl.h>
 #include <dtl/mpi.h>
+#include "bench_util.h"
 
 typedef enum { BCAST, REDUCE, ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, ALL_TO_ALL, GATHER, SCATTER, NCOLLS } coll;
 static const char *const coll_names[NCOLLS] = {"broadcast",      "reduce",     "all_gather", "all_reduce",
@@ -42,19 +43,6 @@ static void die(const char *what) {
   MPI_Abort(MPI_COMM_WORLD, 1);
 }
 
-static size_t parse_size(const char *s) {
-  char *end;
-  double v = strtod(s, &end);
-  switch (*end) {
-    case 'G': case 'g': v *= 1024; /* fall through */
-    case 'M': case 'm': v *= 1024; /* fall through */
-    case 'K': case 'k': v *= 1024; break;
-    case '\0': break;
-    default: die("bad size (use e.g. 1K, 64M, 1G)");
-  }
-  return (size_t)v;
-}
-
 static void parse_args(int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -67,8 +55,8 @@ static void parse_args(int argc, char **argv) {
     }
     i++;
     switch (a[1]) {
-      case 'b': opt.min_bytes = parse_size(v); break;
-      case 'e': opt.max_bytes = parse_size(v); break;
+      case 'b': opt.min_bytes = (size_t)bench_parse_size(v); break;
+      case 'e': opt.max_bytes = (size_t)bench_parse_size(v); break;
       case 'f': opt.factor = atof(v); break;
       case 'n': opt.iters = atoi(v); break;
       case 'w': opt.warmup = atoi(v); break;
@@ -254,19 +242,9 @@ static long check(coll k, void *s, void *r, size_t n) {
 }
 
 /* --- timing ----------------------------------------------------------------------------------------------------- */
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmp_double);
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
 /* The statistic of -s over the iterations: the minimum (default) or the median. Sorts v. */
 static double statistic(double *v, int n) {
-  double m = median(v, n);
+  double m = bench_median(v, n);
   return opt.use_median ? m : v[0];
 }
 
@@ -312,7 +290,7 @@ static void bench(coll k, void *s, void *r, double *t_dtl, double *t_raw, double
     double ratio = 0;
     if (raw) {
       for (int it = 0; it < opt.iters; it++) t_ratio[it] = t_dtl[it] / t_raw[it];
-      ratio = median(t_ratio, opt.iters);
+      ratio = bench_median(t_ratio, opt.iters);
     }
     double td = statistic(t_dtl, opt.iters), tr = raw ? statistic(t_raw, opt.iters) : 0;
     long wrong = 0;

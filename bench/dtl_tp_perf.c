@@ -19,27 +19,7 @@
 #include <cblas.h>
 #include <dtl.h>
 #include <dtl/mpi.h>
-
-#define TRY(call)                                                                              \
-  do {                                                                                         \
-    dtl_status s_ = (call);                                                                    \
-    if (s_ != DTL_OK) {                                                                        \
-      fprintf(stderr, "%s:%d %s: %s (%s)\n", __FILE__, __LINE__, #call, dtl_status_name(s_), dtl_last_error()); \
-      MPI_Abort(MPI_COMM_WORLD, 1);                                                            \
-    }                                                                                          \
-  } while (0)
-
-static int64_t parse_size(const char *s) {
-  char *end;
-  double v = strtod(s, &end);
-  switch (*end) {
-    case 'K': case 'k': v *= 1024; break;
-    case 'M': case 'm': v *= 1024 * 1024; break;
-    case 'G': case 'g': v *= 1024.0 * 1024 * 1024; break;
-    default: break;
-  }
-  return (int64_t)v;
-}
+#include "bench_util.h"
 
 static float *uniform(uint64_t seed, size_t n, float scale) {
   float *p = malloc(n * sizeof *p + 4);
@@ -73,19 +53,19 @@ static void block_make(dtl_tp_context *ctx, block_kind kind, const dense_weights
   if (kind == MLP) {
     dtl_tp_mlp_params p = {.mask = mask, .activation = DTL_TP_ACT_SILU_GATED, .hidden = w->hidden, .ffn = w->ffn,
                            .gate_up = w->gate_up, .down = w->down};
-    TRY(dtl_tp_mlp_create(ctx, &p, &b->mlp));
-    TRY(dtl_tp_mlp_layouts(b->mlp, tokens, &b->in, &b->out));
+    BENCH_TRY(dtl_tp_mlp_create(ctx, &p, &b->mlp));
+    BENCH_TRY(dtl_tp_mlp_layouts(b->mlp, tokens, &b->in, &b->out));
   } else {
     dtl_tp_attention_params p = {.mask = mask, .hidden = w->hidden, .q_heads = w->heads, .kv_heads = w->kv_heads,
                                  .head_dim = w->head_dim, .qkv = w->qkv, .out = w->wo};
-    TRY(dtl_tp_attention_create(ctx, &p, &b->attn));
-    TRY(dtl_tp_attention_layouts(b->attn, tokens, &b->in, &b->out));
+    BENCH_TRY(dtl_tp_attention_create(ctx, &p, &b->attn));
+    BENCH_TRY(dtl_tp_attention_layouts(b->attn, tokens, &b->in, &b->out));
   }
 }
 
 static void block_run(block *b, const float *x, float *y) {
-  if (b->kind == MLP) TRY(dtl_tp_mlp_forward(b->mlp, b->in, x, y));
-  else TRY(dtl_tp_attention_forward(b->attn, b->in, x, y));
+  if (b->kind == MLP) BENCH_TRY(dtl_tp_mlp_forward(b->mlp, b->in, x, y));
+  else BENCH_TRY(dtl_tp_attention_forward(b->attn, b->in, x, y));
 }
 
 static void block_free(block *b) {
@@ -127,8 +107,8 @@ typedef struct {
 } comm_arg;
 static void comm_step(void *p) {
   comm_arg *a = p;
-  if (a->sp) TRY(dtl_tp_sequence_gather(a->ctx, a->in, a->x, a->xfull));
-  TRY(dtl_tp_row_parallel_reduce(a->ctx, a->out, a->partial, NULL, a->y));
+  if (a->sp) BENCH_TRY(dtl_tp_sequence_gather(a->ctx, a->in, a->x, a->xfull));
+  BENCH_TRY(dtl_tp_row_parallel_reduce(a->ctx, a->out, a->partial, NULL, a->y));
 }
 
 int main(int argc, char **argv) {
@@ -143,15 +123,15 @@ int main(int argc, char **argv) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(a, "-s")) { with_sp = 1; continue; }
     if (!v) break;
-    if (!strcmp(a, "-b")) hb = parse_size(v);
-    else if (!strcmp(a, "-e")) he = parse_size(v);
-    else if (!strcmp(a, "-f")) hf = parse_size(v);
+    if (!strcmp(a, "-b")) hb = (int64_t)bench_parse_size(v);
+    else if (!strcmp(a, "-e")) he = (int64_t)bench_parse_size(v);
+    else if (!strcmp(a, "-f")) hf = (int64_t)bench_parse_size(v);
     else if (!strcmp(a, "-n")) iters = atoi(v);
     else if (!strcmp(a, "-w")) warmup = atoi(v);
     else if (!strcmp(a, "-m")) max_gflop = atof(v);
     else if (!strcmp(a, "-t")) {
       ntok = 0;
-      for (char *s = argv[i + 1], *tok; ntok < 16 && (tok = strtok(s, ",")); s = NULL) tokens[ntok++] = parse_size(tok);
+      for (char *s = argv[i + 1], *tok; ntok < 16 && (tok = strtok(s, ",")); s = NULL) tokens[ntok++] = (int64_t)bench_parse_size(tok);
     } else {
       if (rank == 0) fprintf(stderr, "unknown option %s\n", a);
       MPI_Finalize();
@@ -166,12 +146,12 @@ int main(int argc, char **argv) {
   dtl_mesh *mesh, *mesh1;
   dtl_tp_context *tp, *dense;
   int one = 1;
-  TRY(dtl_comm_from_mpi(MPI_COMM_WORLD, &world));
-  TRY(dtl_comm_from_mpi(MPI_COMM_SELF, &self));
-  TRY(dtl_mesh_create(world, 1, &np, &mesh));
-  TRY(dtl_mesh_create(self, 1, &one, &mesh1));
-  TRY(dtl_tp_context_create(mesh, 0, NULL, &tp));
-  TRY(dtl_tp_context_create(mesh1, 0, NULL, &dense));
+  BENCH_TRY(dtl_comm_from_mpi(MPI_COMM_WORLD, &world));
+  BENCH_TRY(dtl_comm_from_mpi(MPI_COMM_SELF, &self));
+  BENCH_TRY(dtl_mesh_create(world, 1, &np, &mesh));
+  BENCH_TRY(dtl_mesh_create(self, 1, &one, &mesh1));
+  BENCH_TRY(dtl_tp_context_create(mesh, 0, NULL, &tp));
+  BENCH_TRY(dtl_tp_context_create(mesh1, 0, NULL, &dense));
   if (rank == 0) {
     printf("# dtl_tp_perf: tp=%d ranks, f32 host, OpenBLAS threads per rank: %s, iters %d, warmup %d, max %.0f GFLOP\n", np,
            getenv("OPENBLAS_NUM_THREADS") ? getenv("OPENBLAS_NUM_THREADS") : "1", iters, warmup, max_gflop);
@@ -208,7 +188,7 @@ int main(int argc, char **argv) {
           run_arg ad = {&bd, x, yd};
           double t_dense = timed(MPI_COMM_WORLD, warmup, iters, run_step, &ad);
           int64_t shape[2], off[2];
-          TRY(dtl_layout_local_box(bt.in, NULL, shape, off));
+          BENCH_TRY(dtl_layout_local_box(bt.in, NULL, shape, off));
           float *yt = malloc(sizeof(float) * (size_t)(shape[0] * H) + 4);
           run_arg at = {&bt, x + off[0] * H, yt};
           double t_tp = timed(MPI_COMM_WORLD, warmup, iters, run_step, &at);

@@ -12,5 +12,6 @@
 #include "dtl/layout.h"
 #include "dtl/plan.h"
 #include "dtl/tp.h"
+#include "dtl/moe.h"
 
 #endif

@@ -66,7 +66,11 @@ DTL_API int dtl_plan_num_steps(const dtl_plan *p);
 DTL_API int dtl_plan_num_collectives(const dtl_plan *p);
 /* Estimated seconds under the plan's cost model. */
 DTL_API double dtl_plan_cost(const dtl_plan *p);
-/* Temporary memory one execution allocates, in bytes: at most the larger of the local source and target shards. */
+/* Temporary memory one execution allocates on this rank, in bytes, exactly (one buffer; 0 = none). A plan of
+ * one step needs at most the larger of the local source and target shards. A plan of several steps needs
+ * more only when an intermediate shard is larger than both ends (e.g. [S0,S1] -> [S1,S0] passes through
+ * [S0,R]) or a packed buffer must sit beside an intermediate; it stays below three times the largest shard
+ * on the route. */
 DTL_API size_t dtl_plan_scratch_bytes(const dtl_plan *p);
 DTL_API void dtl_plan_destroy(dtl_plan *p);
 

@@ -17,10 +17,15 @@
  * - Weights are row-major [out, in], as checkpoints store them; Y = X W^T + b.
  * - Dense weights, shards and activations live in the memory of the TP communicator: host for MPI, CUDA
  *   device memory for NCCL (make the communicator's device current on the calling thread). On the host
- *   every layer computes in f32 (OpenBLAS). On a device context the linear layers compute in f32, f16 or
- *   bf16 (cuBLAS, f32 accumulation; work is enqueued on the communicator's stream), and the weight-sharding
- *   functions and communication halves work for every dtype; the MLP/attention blocks, the embedding and
- *   top-k return DTL_ERR_UNSUPPORTED there (their device kernels are not written yet).
+ *   every layer computes in f32 (OpenBLAS); an f16/bf16 host context can shard weights and run the
+ *   communication halves only. On a device context every layer, block and function here runs in f32, f16
+ *   or bf16: GEMMs on cuBLAS with f32 accumulation, the bias, activations, causal softmax attention,
+ *   embedding lookup and top-k selection in CUDA kernels that read half types into f32, compute in f32 and
+ *   round once on store (scores and softmax stay f32 throughout). Work is enqueued on the communicator's
+ *   stream and the call returns before it is done (synchronize that stream, or dtl_barrier, before reading
+ *   the output); the exceptions are stated below: top-k/argmax return host results and wait for them, and
+ *   the embedding reads its host ids before returning. The semantics are the host's in every dtype (same
+ *   head mapping, causal mask, tie order, id checks); values differ only by rounding.
  * - A context and the layers made from it share one grow-only scratch space: use them from one thread at
  *   a time. All TP ranks must make the same calls in the same order with the same shapes.
  * - Failures return a status with a message (dtl_last_error) naming the argument; argument and layout
@@ -200,8 +205,10 @@ DTL_API void dtl_tp_attention_destroy(dtl_tp_attention *a);
 /* Vocab-parallel embedding: the table [vocab, hidden] is sharded on vocab (rows chunk(vocab)); each rank
  * looks up the ids it owns and writes zeros for the others (a Partial(sum)), then one all-reduce gives R
  * [T, hidden] (reduce-scatter to S(0) with SEQUENCE_PARALLEL). ids are host int64 [tokens], equal on all
- * TP ranks. An id outside 0..vocab-1 is DTL_ERR_INVALID_ARGUMENT naming the id and its position, found
- * before any communication, with y untouched. */
+ * TP ranks (on a device context too: they are checked on the host, then copied to the device before the
+ * call returns, so the caller may reuse them at once). An id outside 0..vocab-1 is
+ * DTL_ERR_INVALID_ARGUMENT naming the id and its position, found before any communication or device work,
+ * with y untouched. */
 typedef struct {
   uint64_t mask; /* DTL_TP_SEQUENCE_PARALLEL */
   int64_t vocab, hidden;
@@ -215,13 +222,14 @@ DTL_API dtl_status dtl_tp_embedding_layout(const dtl_tp_embedding *e, int64_t to
 DTL_API dtl_status dtl_tp_embedding_forward(dtl_tp_embedding *e, int64_t tokens, const int64_t *ids, void *y);
 DTL_API void dtl_tp_embedding_destroy(dtl_tp_embedding *e);
 
-/* Distributed top-k over vocab-sharded logits ([T, vocab] S(1), e.g. a column-parallel LM head's output;
- * host f32 contexts),
- * without gathering them: each rank selects its k best (value, global index) pairs per token and one
+/* Distributed top-k over vocab-sharded logits ([T, vocab] S(1) in the context's memory and dtype, e.g. a
+ * column-parallel LM head's output), without gathering them: each rank selects its k best (value, global index) pairs per token and one
  * all-gather exchanges only those (T * k pairs per rank). values [T, k] (f32, host) and indices [T, k]
  * (host) get, on every rank, the k largest logits of each token in descending order; equal values are
  * ordered by lowest index (as a dense stable sort would) and NaN counts as the largest value (as torch.topk).
- * 1 <= k <= vocab. values may be NULL. */
+ * 1 <= k <= vocab. values may be NULL. On a device context the selection runs in a kernel (k rounds over
+ * the rank's vocab shard: meant for small k), only the candidates are copied to the host, and the call
+ * returns once values and indices are written (it waits for the communicator's stream). */
 DTL_API dtl_status dtl_tp_logits_topk(dtl_tp_context *ctx, const dtl_layout *logits_layout, const void *logits_local,
                                       int k, float *values, int64_t *indices);
 /* top-1: the index of the largest logit of each token (lowest index among equals), [T] on every rank. */

@@ -2,10 +2,12 @@
 /* The tensor-parallel attention block: fused QKV column-parallel by whole heads, causal scaled-dot-product
  * attention of this rank's heads (each q head with the kv head of its group, replicated when tp > kv_heads),
  * the output projection row-parallel over those heads, and one reduction out (one gather in with sequence
- * parallelism). */
+ * parallelism). The attention core runs here on the host and in attention.cu on a device. */
 #include <math.h>
 #include <stdlib.h>
+#include "tp/stages.h"
 #include "tp/tp_internal.h"
+#include "tp/tp_math.h"
 
 struct dtl_tp_attention {
   dtl_tp_context *ctx;
@@ -31,7 +33,7 @@ dtl_status dtl_tp_attention_create(dtl_tp_context *ctx, const dtl_tp_attention_p
   DTL_CHECK_ARG(p->out != NULL, fn, "out=NULL (the [hidden, q_heads * head_dim] output weight is required)");
   DTL_CHECK_ARG(!(p->mask & DTL_TP_SCALE) || isfinite(p->scale), fn, "scale=%g (expected a finite number)",
                 (double)p->scale);
-  DTL_TRY(dtl__tp_check_compute(ctx, fn, false));
+  DTL_TRY(dtl__tp_check_compute(ctx, fn));
   size_t n;
   DTL_TRY(dtl__tp_count(fn, "qkv", (p->q_heads + 2 * p->kv_heads) * p->head_dim, p->hidden, &n));
   dtl_tp_attention *a = calloc(1, sizeof *a);
@@ -79,27 +81,54 @@ static void dtl__tp_causal_softmax(float *s, int64_t T) {
   }
 }
 
-/* attn[T, q.count * D] = per local q head: softmax(scale * Q K^T, causal) V, from qkv [T, W]. */
-static dtl_status dtl__tp_attend(dtl_tp_attention *a, const float *qkv, int64_t T, float *attn) {
-  dtl_tp_context *ctx = a->ctx;
-  int64_t D = a->head_dim, qn = a->q.count, kn = a->kv.count, W = a->qkv.rows;
+/* Scores [T, T], then the transposed values of each local kv head [kn, D, T], so that P V is a GEMM with
+ * the B^T operand the one GEMM entry point takes. */
+size_t dtl__tp_attend_host_floats(const dtl__tp_attn_shape *s) {
+  return (size_t)(s->tokens * s->tokens + s->kn * s->head_dim * s->tokens);
+}
+
+dtl_status dtl__tp_attend_host(const dtl__gemm_engine *g, const dtl__tp_attn_shape *s, const float *qkv,
+                               float *scratch, float *attn) {
+  int64_t T = s->tokens, D = s->head_dim, qn = s->qn, kn = s->kn, W = s->width;
   if (T == 0 || qn == 0) return DTL_OK;
-  /* Scores [T, T] then the transposed values of each local kv head [kn, D, T], so that P V is a GEMM with
-   * the B^T operand the one GEMM entry point takes. */
-  void *aux;
-  DTL_TRY(dtl__tp_scratch(ctx, DTL__TP_WS_AUX, (size_t)(T * T + kn * D * T) * sizeof(float), &aux));
-  float *scores = aux, *vt = scores + T * T;
+  float *scores = scratch, *vt = scores + T * T;
   const float *k0 = qkv + qn * D, *v0 = qkv + (qn + kn) * D;
   for (int64_t h = 0; h < kn; h++)
     for (int64_t t = 0; t < T; t++)
       for (int64_t d = 0; d < D; d++) vt[(h * D + d) * T + t] = v0[t * W + h * D + d];
   for (int64_t h = 0; h < qn; h++) {
-    int64_t kh = (a->q.offset + h) / a->group - a->kv.offset; /* the local kv head of this q head's group */
-    DTL_TRY(dtl__gemm(&ctx->gemm, DTL_FLOAT32, T, T, D, a->scale, qkv + h * D, W, k0 + kh * D, W, 0.0f, scores, T));
+    int64_t kh = dtl__tp_kv_head(s->q_off, h, s->group, s->kv_off);
+    DTL_TRY(dtl__gemm(g, DTL_FLOAT32, T, T, D, s->scale, qkv + h * D, W, k0 + kh * D, W, 0.0f, scores, T));
     dtl__tp_causal_softmax(scores, T);
-    DTL_TRY(dtl__gemm(&ctx->gemm, DTL_FLOAT32, T, D, T, 1.0f, scores, T, vt + kh * D * T, T, 0.0f, attn + h * D, qn * D));
+    DTL_TRY(dtl__gemm(g, DTL_FLOAT32, T, D, T, 1.0f, scores, T, vt + kh * D * T, T, 0.0f, attn + h * D, qn * D));
   }
   return DTL_OK;
+}
+
+int64_t dtl__tp_attend_rows(const dtl__tp_attn_shape *s) {
+  int64_t total = s->tokens * s->qn, budget = ((int64_t)64 << 20) / (int64_t)sizeof(float);
+  int64_t rows = s->tokens > 0 ? budget / s->tokens : total;
+  if (rows > total) rows = total;
+  return rows > 0 ? rows : 1;
+}
+
+/* attn[T, q.count * D] of this rank's q heads from qkv [T, width], on the host or the device. */
+static dtl_status dtl__tp_attend(dtl_tp_attention *a, const void *qkv, int64_t T, void *attn) {
+  dtl_tp_context *ctx = a->ctx;
+  dtl__tp_attn_shape s = {.tokens = T, .width = a->qkv.rows, .head_dim = a->head_dim, .qn = a->q.count,
+                          .kn = a->kv.count, .q_off = a->q.offset, .kv_off = a->kv.offset, .group = a->group,
+                          .scale = a->scale};
+  if (T == 0 || s.qn == 0) return DTL_OK;
+  void *aux;
+  if (dtl__tp_on_device(ctx)) {
+#if DTL_HAVE_NCCL
+    int64_t rows = dtl__tp_attend_rows(&s);
+    DTL_TRY(dtl__tp_scratch(ctx, DTL__TP_WS_AUX, (size_t)(rows * T) * sizeof(float), &aux));
+    return dtl__tp_attend_cuda(&s, qkv, aux, rows, attn, ctx->dtype, ctx->gemm.stream);
+#endif
+  }
+  DTL_TRY(dtl__tp_scratch(ctx, DTL__TP_WS_AUX, dtl__tp_attend_host_floats(&s) * sizeof(float), &aux));
+  return dtl__tp_attend_host(&ctx->gemm, &s, qkv, aux, attn);
 }
 
 dtl_status dtl_tp_attention_forward(dtl_tp_attention *a, const dtl_layout *x_layout, const void *x, void *y) {

@@ -48,6 +48,7 @@ void dtl_tp_context_destroy(dtl_tp_context *ctx) {
   for (int s = 0; s < DTL__TP_WS_COUNT; s++)
     if (ctx->ws[s]) ctx->comm->ops->mem_free(ctx->comm, ctx->ws[s]);
   dtl__gemm_engine_fini(&ctx->gemm);
+  free(ctx->host_ws);
   free(ctx->counts);
   free(ctx);
 }
@@ -67,6 +68,19 @@ dtl_status dtl__tp_scratch(dtl_tp_context *ctx, dtl__tp_ws slot, size_t bytes, v
   return DTL_OK;
 }
 
+dtl_status dtl__tp_host_scratch(dtl_tp_context *ctx, size_t bytes, void **out) {
+  if (bytes > ctx->host_ws_bytes || !ctx->host_ws) {
+    size_t want = bytes ? bytes : 1;
+    void *p = malloc(want);
+    if (!p) return dtl__error(DTL_ERR_OUT_OF_MEMORY, "dtl__tp_host_scratch: %zu bytes of host memory", want);
+    free(ctx->host_ws);
+    ctx->host_ws = p;
+    ctx->host_ws_bytes = want;
+  }
+  *out = ctx->host_ws;
+  return DTL_OK;
+}
+
 dtl_status dtl__tp_count(const char *fn, const char *what, int64_t a, int64_t b, size_t *out) {
   int64_t n;
   if (a < 0 || b < 0 || !dtl__mul_i64(a, b, &n) || (uint64_t)n > SIZE_MAX / 8)
@@ -76,14 +90,8 @@ dtl_status dtl__tp_count(const char *fn, const char *what, int64_t a, int64_t b,
   return DTL_OK;
 }
 
-dtl_status dtl__tp_check_compute(const dtl_tp_context *ctx, const char *fn, bool device_ok) {
-  if (ctx->comm->ops->memory != DTL_MEMORY_HOST) {
-    if (device_ok) return DTL_OK;
-    return dtl__error_fn(DTL_ERR_UNSUPPORTED, fn,
-                         "on a device (%s) context only the linear layers, the weight-sharding functions and the "
-                         "communication halves run (the blocks' device kernels are not written yet)",
-                         ctx->comm->ops->name);
-  }
+dtl_status dtl__tp_check_compute(const dtl_tp_context *ctx, const char *fn) {
+  if (dtl__tp_on_device(ctx)) return DTL_OK; /* the context accepts only f32, f16 and bf16 */
   if (ctx->dtype != DTL_FLOAT32)
     return dtl__error_fn(DTL_ERR_UNSUPPORTED, fn, "context dtype %s: the host layers compute in f32",
                          dtl_dtype_name(ctx->dtype));

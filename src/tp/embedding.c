@@ -1,9 +1,12 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The vocab-parallel embedding: this rank's rows of the table, a lookup of the ids it owns with zeros for
- * the others (a Partial(sum) of [T, hidden]), and the one reduction that resolves it. */
+ * the others (a Partial(sum) of [T, hidden]), and the one reduction that resolves it. The lookup runs here
+ * on the host and in embedding.cu on a device; the ids are checked on the host either way. */
 #include <stdlib.h>
 #include <string.h>
+#include "tp/stages.h"
 #include "tp/tp_internal.h"
+#include "tp/tp_math.h"
 
 struct dtl_tp_embedding {
   dtl_tp_context *ctx;
@@ -23,7 +26,7 @@ dtl_status dtl_tp_embedding_create(dtl_tp_context *ctx, const dtl_tp_embedding_p
   DTL_CHECK_ARG(p->vocab >= 1 && p->hidden >= 1, fn, "vocab=%lld hidden=%lld (expected >= 1)", (long long)p->vocab,
                 (long long)p->hidden);
   DTL_CHECK_ARG(p->table != NULL, fn, "table=NULL (the dense [vocab, hidden] table is required)");
-  DTL_TRY(dtl__tp_check_compute(ctx, fn, false));
+  DTL_TRY(dtl__tp_check_compute(ctx, fn));
   size_t n;
   DTL_TRY(dtl__tp_count(fn, "table", p->vocab, p->hidden, &n));
   dtl_tp_embedding *e = calloc(1, sizeof *e);
@@ -51,6 +54,37 @@ dtl_status dtl_tp_embedding_layout(const dtl_tp_embedding *e, int64_t tokens, dt
                          NULL, out);
 }
 
+void dtl__tp_embed_host(const int64_t *ids, int64_t tokens, const void *table, int64_t off, int64_t count,
+                        int64_t hidden, size_t elem, void *out) {
+  size_t row_bytes = (size_t)hidden * elem;
+  for (int64_t t = 0; t < tokens; t++) {
+    int64_t row = dtl__tp_embed_row(ids[t], off, count);
+    char *dst = (char *)out + (size_t)t * row_bytes;
+    if (row >= 0) memcpy(dst, (const char *)table + (size_t)row * row_bytes, row_bytes);
+    else memset(dst, 0, row_bytes);
+  }
+}
+
+/* The Partial(sum) addend [tokens, hidden] of this rank. On a device the ids go through a host copy of our
+ * own (pageable, so the upload has read them when mem_copy returns, whatever memory the caller's are in). */
+static dtl_status dtl__tp_embed(dtl_tp_embedding *e, int64_t tokens, const int64_t *ids, void *partial) {
+  dtl_tp_context *ctx = e->ctx;
+  if (dtl__tp_on_device(ctx)) {
+#if DTL_HAVE_NCCL
+    size_t bytes = (size_t)tokens * sizeof(int64_t);
+    void *staged, *dev_ids;
+    DTL_TRY(dtl__tp_host_scratch(ctx, bytes, &staged));
+    DTL_TRY(dtl__tp_scratch(ctx, DTL__TP_WS_AUX, bytes, &dev_ids));
+    if (bytes) memcpy(staged, ids, bytes);
+    DTL_TRY(ctx->comm->ops->mem_copy(ctx->comm, dev_ids, staged, bytes));
+    return dtl__tp_embed_cuda(dev_ids, tokens, e->table, e->rows.offset, e->rows.count, e->hidden, ctx->dtype,
+                              partial, ctx->gemm.stream);
+#endif
+  }
+  dtl__tp_embed_host(ids, tokens, e->table, e->rows.offset, e->rows.count, e->hidden, ctx->elem, partial);
+  return DTL_OK;
+}
+
 dtl_status dtl_tp_embedding_forward(dtl_tp_embedding *e, int64_t tokens, const int64_t *ids, void *y) {
   static const char fn[] = "dtl_tp_embedding_forward";
   DTL_CHECK_ARG(e != NULL, fn, "embedding=NULL");
@@ -65,18 +99,9 @@ dtl_status dtl_tp_embedding_forward(dtl_tp_embedding *e, int64_t tokens, const i
       return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn,
                            "ids[%lld]=%lld is outside the vocabulary (expected 0..%lld); nothing was written",
                            (long long)t, (long long)ids[t], (long long)(e->vocab - 1));
-  size_t row_bytes = (size_t)e->hidden * ctx->elem;
   void *partial;
-  DTL_TRY(dtl__tp_scratch(ctx, DTL__TP_WS_PARTIAL, (size_t)tokens * row_bytes, &partial));
-  char *dst = partial;
-  const char *table = e->table;
-  for (int64_t t = 0; t < tokens; t++) {
-    int64_t local = ids[t] - e->rows.offset;
-    if (local >= 0 && local < e->rows.count)
-      memcpy(dst + (size_t)t * row_bytes, table + (size_t)local * row_bytes, row_bytes);
-    else
-      memset(dst + (size_t)t * row_bytes, 0, row_bytes);
-  }
+  DTL_TRY(dtl__tp_scratch(ctx, DTL__TP_WS_PARTIAL, (size_t)(tokens * e->hidden) * ctx->elem, &partial));
+  DTL_TRY(dtl__tp_embed(e, tokens, ids, partial));
   return dtl__tp_reduce(ctx, tokens, e->hidden, e->sp, partial, NULL, y);
 }
 

@@ -34,7 +34,7 @@ dtl_status dtl_tp_linear_create(dtl_tp_context *ctx, const dtl_tp_linear_params 
                 (long long)p->out_features, (long long)p->in_features);
   DTL_CHECK_ARG(p->kind == DTL_TP_COLUMN || !(p->mask & DTL_TP_GATHER_OUTPUT), fn,
                 "mask has DTL_TP_GATHER_OUTPUT on a row-parallel layer (its output is already R or S(0))");
-  DTL_TRY(dtl__tp_check_compute(ctx, fn, true));
+  DTL_TRY(dtl__tp_check_compute(ctx, fn));
   size_t n;
   DTL_TRY(dtl__tp_count(fn, "weight", p->out_features, p->in_features, &n));
   dtl_tp_linear *l = calloc(1, sizeof *l);

@@ -1,10 +1,12 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The tensor-parallel MLP block: gate/up column-parallel on ffn, the activation on this rank's ffn columns
  * (no communication: SiLU-gating pairs gate and up columns of the same rank), down row-parallel on ffn, and
- * one reduction out (plus one gather in with sequence parallelism). */
-#include <math.h>
+ * one reduction out (plus one gather in with sequence parallelism). The activation runs here on the host
+ * and in mlp.cu on a device. */
 #include <stdlib.h>
+#include "tp/stages.h"
 #include "tp/tp_internal.h"
+#include "tp/tp_math.h"
 
 struct dtl_tp_mlp {
   dtl_tp_context *ctx;
@@ -28,7 +30,7 @@ dtl_status dtl_tp_mlp_create(dtl_tp_context *ctx, const dtl_tp_mlp_params *p, dt
   DTL_CHECK_ARG(p->gate_up != NULL, fn, "gate_up=NULL (the dense %s weight is required)",
                 p->activation == DTL_TP_ACT_SILU_GATED ? "fused [2 ffn, hidden] gate/up" : "[ffn, hidden] up");
   DTL_CHECK_ARG(p->down != NULL, fn, "down=NULL (the dense [hidden, ffn] weight is required)");
-  DTL_TRY(dtl__tp_check_compute(ctx, fn, false));
+  DTL_TRY(dtl__tp_check_compute(ctx, fn));
   bool gated = p->activation == DTL_TP_ACT_SILU_GATED;
   size_t n;
   DTL_TRY(dtl__tp_count(fn, "gate_up", (gated ? 2 : 1) * p->ffn, p->hidden, &n));
@@ -62,19 +64,23 @@ dtl_status dtl_tp_mlp_layouts(const dtl_tp_mlp *m, int64_t tokens, dtl_layout **
                          in, out);
 }
 
-/* In place on the first f columns of each [T, width] row: SiLU-gated (gate | up) or GELU of up. */
-static void dtl__tp_activate(dtl_tp_activation act, float *h, int64_t tokens, int64_t f, int64_t width) {
+void dtl__tp_activate_host(dtl_tp_activation act, float *h, int64_t tokens, int64_t f, int64_t width) {
   for (int64_t t = 0; t < tokens; t++) {
     float *row = h + t * width;
-    if (act == DTL_TP_ACT_SILU_GATED) {
-      for (int64_t j = 0; j < f; j++) {
-        float g = row[j];
-        row[j] = g / (1.0f + expf(-g)) * row[f + j];
-      }
-    } else {
-      for (int64_t j = 0; j < f; j++) row[j] = 0.5f * row[j] * (1.0f + erff(row[j] * 0.70710678118654752f));
-    }
+    for (int64_t j = 0; j < f; j++)
+      row[j] = act == DTL_TP_ACT_SILU_GATED ? dtl__tp_silu_gated(row[j], row[f + j]) : dtl__tp_gelu(row[j]);
   }
+}
+
+static dtl_status dtl__tp_activate(dtl_tp_context *ctx, dtl_tp_activation act, void *h, int64_t tokens, int64_t f,
+                                   int64_t width) {
+  if (dtl__tp_on_device(ctx)) {
+#if DTL_HAVE_NCCL
+    return dtl__tp_activate_cuda(act, h, tokens, f, width, ctx->dtype, ctx->gemm.stream);
+#endif
+  }
+  dtl__tp_activate_host(act, h, tokens, f, width);
+  return DTL_OK;
 }
 
 dtl_status dtl_tp_mlp_forward(dtl_tp_mlp *m, const dtl_layout *x_layout, const void *x, void *y) {
@@ -91,7 +97,7 @@ dtl_status dtl_tp_mlp_forward(dtl_tp_mlp *m, const dtl_layout *x_layout, const v
   DTL_TRY(dtl__tp_scratch(ctx, DTL__TP_WS_MID, (size_t)(T * width) * e, &h));
   DTL_TRY(dtl__tp_scratch(ctx, DTL__TP_WS_PARTIAL, (size_t)(T * m->hidden) * e, &partial));
   DTL_TRY(dtl__tp_proj_apply(ctx, &m->gate_up, true, T, xin, m->hidden, h, width));
-  dtl__tp_activate(m->act, h, T, m->f_local, width);
+  DTL_TRY(dtl__tp_activate(ctx, m->act, h, T, m->f_local, width));
   DTL_TRY(dtl__tp_proj_apply(ctx, &m->down, false, T, h, width, partial, m->hidden));
   return dtl__tp_reduce(ctx, T, m->hidden, m->sp, partial, m->down.bias, y);
 }

@@ -2,38 +2,50 @@
 /* Distributed top-k (and argmax) over vocab-sharded logits: each rank keeps its k best (value, global index)
  * pairs per token, one all-gather exchanges only those, and every rank merges the same candidates the same
  * way. The order is total (NaN first, then larger values, then lower indices), so the result equals a dense
- * top-k over the gathered row with ties broken by lowest index. */
-#include <math.h>
-#include <string.h>
+ * top-k over the gathered row with ties broken by lowest index. The per-rank selection runs here on the host
+ * and in topk.cu on a device; the merge of the (few) gathered candidates always runs here. */
+#include "tp/stages.h"
 #include "tp/tp_internal.h"
+#include "tp/tp_math.h"
 
-/* A candidate: index -1 marks an empty slot (a rank with fewer than k logits), worse than any real one. */
-static bool dtl__tp_better(float va, int64_t ia, float vb, int64_t ib) {
-  if (ib < 0) return ia >= 0;
-  if (ia < 0) return false;
-  bool na = isnan(va), nb = isnan(vb);
-  if (na != nb) return na;
-  if (!na && va != vb) return va > vb;
-  return ia < ib;
-}
-
-/* Inserts (v, i) into the sorted list (vals, idx) of k slots if it beats the last one. */
-static void dtl__tp_offer(float *vals, int64_t *idx, int k, float v, int64_t i) {
-  if (!dtl__tp_better(v, i, vals[k - 1], idx[k - 1])) return;
+/* Inserts (v, i) into the sorted candidate list of k slots if it beats the last one. */
+static void dtl__tp_offer(int64_t *list, int k, float v, int64_t i) {
+  int64_t *last = list + 2 * (k - 1);
+  if (!dtl__tp_better(v, i, dtl__tp_cand_value(last), last[1])) return;
   int j = k - 1;
-  while (j > 0 && dtl__tp_better(v, i, vals[j - 1], idx[j - 1])) {
-    vals[j] = vals[j - 1];
-    idx[j] = idx[j - 1];
-    j--;
+  for (; j > 0 && dtl__tp_better(v, i, dtl__tp_cand_value(list + 2 * (j - 1)), list[2 * (j - 1) + 1]); j--) {
+    list[2 * j] = list[2 * (j - 1)];
+    list[2 * j + 1] = list[2 * (j - 1) + 1];
   }
-  vals[j] = v;
-  idx[j] = i;
+  dtl__tp_cand_set(list + 2 * j, v, i);
 }
 
-static void dtl__tp_clear(float *vals, int64_t *idx, int k) {
-  for (int j = 0; j < k; j++) {
-    vals[j] = 0.0f;
-    idx[j] = -1;
+static void dtl__tp_clear(int64_t *list, int k) {
+  for (int j = 0; j < k; j++) dtl__tp_cand_set(list + 2 * j, 0.0f, -1);
+}
+
+void dtl__tp_topk_local_host(const float *logits, int64_t tokens, int64_t n, int64_t off, int k, int64_t *cand) {
+  for (int64_t t = 0; t < tokens; t++) {
+    int64_t *list = cand + t * k * 2;
+    dtl__tp_clear(list, k);
+    for (int64_t j = 0; j < n; j++) dtl__tp_offer(list, k, logits[t * n + j], off + j);
+  }
+}
+
+void dtl__tp_topk_merge(const int64_t *cand, int p, int64_t tokens, int k, int64_t *list, float *values,
+                        int64_t *indices) {
+  size_t block = (size_t)(tokens * k * 2);
+  for (int64_t t = 0; t < tokens; t++) {
+    dtl__tp_clear(list, k);
+    for (int r = 0; r < p; r++)
+      for (int j = 0; j < k; j++) {
+        const int64_t *c = cand + (size_t)r * block + (size_t)(t * k + j) * 2;
+        dtl__tp_offer(list, k, dtl__tp_cand_value(c), c[1]);
+      }
+    for (int j = 0; j < k; j++) {
+      if (values) values[t * k + j] = dtl__tp_cand_value(list + 2 * j);
+      indices[t * k + j] = list[2 * j + 1];
+    }
   }
 }
 
@@ -42,49 +54,37 @@ dtl_status dtl_tp_logits_topk(dtl_tp_context *ctx, const dtl_layout *logits_layo
   static const char fn[] = "dtl_tp_logits_topk";
   DTL_CHECK_ARG(ctx != NULL, fn, "ctx=NULL");
   DTL_CHECK_ARG(logits_layout != NULL, fn, "logits_layout=NULL");
-  DTL_TRY(dtl__tp_check_compute(ctx, fn, false));
+  DTL_TRY(dtl__tp_check_compute(ctx, fn));
   int64_t T, V = logits_layout->ndim == 2 ? logits_layout->shape[1] : -1;
   DTL_TRY(dtl__tp_check_layout(ctx, fn, "logits_layout", logits_layout, V, dtl_shard(1), &T));
   DTL_CHECK_ARG(k >= 1 && k <= V, fn, "k=%d (expected 1..vocab=%lld)", k, (long long)V);
   DTL_CHECK_ARG(logits_local != NULL || dtl_layout_local_count(logits_layout) == 0, fn, "logits_local=NULL");
   DTL_CHECK_ARG(indices != NULL || T == 0, fn, "indices=NULL");
-  size_t pairs;
+  size_t pairs, all;
   DTL_TRY(dtl__tp_count(fn, "candidates", T * 2, k, &pairs));
-  void *send_v, *recv_v, *best_v;
-  DTL_TRY(dtl__tp_scratch(ctx, DTL__TP_WS_INPUT, pairs * sizeof(int64_t), &send_v));
-  DTL_TRY(dtl__tp_scratch(ctx, DTL__TP_WS_MID, pairs * (size_t)ctx->size * sizeof(int64_t), &recv_v));
-  DTL_TRY(dtl__tp_scratch(ctx, DTL__TP_WS_AUX, (size_t)k * (sizeof(float) + sizeof(int64_t)), &best_v));
-  int64_t *send = send_v, *recv = recv_v, *bi = best_v;
-  float *bv = (float *)(bi + k);
+  DTL_TRY(dtl__tp_count(fn, "gathered candidates", (int64_t)pairs, ctx->size, &all));
+  /* Candidates as (value bits, global index) int64 pairs: this rank's in send, everyone's in recv (ctx
+   * memory); the merge runs on the host, over recv or its host copy. */
+  void *send, *recv, *host;
+  DTL_TRY(dtl__tp_scratch(ctx, DTL__TP_WS_INPUT, pairs * sizeof(int64_t), &send));
+  DTL_TRY(dtl__tp_scratch(ctx, DTL__TP_WS_MID, all * sizeof(int64_t), &recv));
+  bool dev = dtl__tp_on_device(ctx);
+  DTL_TRY(dtl__tp_host_scratch(ctx, ((dev ? all : 0) + 2 * (size_t)k) * sizeof(int64_t), &host));
+  int64_t *list = host, *merged = dev ? list + 2 * k : recv;
   dtl_tp_range mine = dtl__tp_chunk(ctx, V, ctx->rank);
-  const float *lg = logits_local;
-  /* This rank's candidates: (value bits, global index) pairs, best first. */
-  for (int64_t t = 0; t < T; t++) {
-    dtl__tp_clear(bv, bi, k);
-    for (int64_t j = 0; j < mine.count; j++) dtl__tp_offer(bv, bi, k, lg[t * mine.count + j], mine.offset + j);
-    for (int j = 0; j < k; j++) {
-      uint32_t bits;
-      memcpy(&bits, &bv[j], sizeof bits);
-      send[(t * k + j) * 2] = (int64_t)bits;
-      send[(t * k + j) * 2 + 1] = bi[j];
-    }
+  if (dev) {
+#if DTL_HAVE_NCCL
+    DTL_TRY(dtl__tp_topk_local_cuda(logits_local, T, mine.count, mine.offset, k, send, ctx->dtype, ctx->gemm.stream));
+#endif
+  } else {
+    dtl__tp_topk_local_host(logits_local, T, mine.count, mine.offset, k, send);
   }
   DTL_TRY(dtl_all_gather(ctx->comm, send, recv, pairs, DTL_INT64));
-  for (int64_t t = 0; t < T; t++) {
-    dtl__tp_clear(bv, bi, k);
-    for (int r = 0; r < ctx->size; r++)
-      for (int j = 0; j < k; j++) {
-        const int64_t *c = recv + ((size_t)r * pairs) + (size_t)(t * k + j) * 2;
-        uint32_t bits = (uint32_t)c[0];
-        float v;
-        memcpy(&v, &bits, sizeof v);
-        dtl__tp_offer(bv, bi, k, v, c[1]);
-      }
-    for (int j = 0; j < k; j++) {
-      if (values) values[t * k + j] = bv[j];
-      indices[t * k + j] = bi[j];
-    }
+  if (dev) {
+    DTL_TRY(ctx->comm->ops->mem_copy(ctx->comm, merged, recv, all * sizeof(int64_t)));
+    DTL_TRY(ctx->comm->ops->synchronize(ctx->comm));
   }
+  dtl__tp_topk_merge(merged, ctx->size, T, k, list, values, indices);
   return DTL_OK;
 }
 

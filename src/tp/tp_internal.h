@@ -14,7 +14,7 @@
 typedef enum {
   DTL__TP_WS_INPUT,   /* the all-gathered input of a sequence-parallel layer */
   DTL__TP_WS_MID,     /* a column-parallel output (QKV, gate/up, or an S(1) before gathering) */
-  DTL__TP_WS_AUX,     /* attention scores and transposed values */
+  DTL__TP_WS_AUX,     /* a stage's own data: attention scores (and transposed values), embedding ids */
   DTL__TP_WS_ATTN,    /* the attention output of this rank's heads */
   DTL__TP_WS_PARTIAL, /* a row-parallel Partial(sum) addend */
   DTL__TP_WS_COMM,    /* the communication halves' own staging */
@@ -31,20 +31,25 @@ struct dtl_tp_context {
   void *ws[DTL__TP_WS_COUNT];
   size_t ws_bytes[DTL__TP_WS_COUNT];
   size_t *counts; /* [size], per-rank element counts for the v-collectives */
+  void *host_ws;  /* grow-only host staging (device contexts: ids on their way in, top-k candidates out) */
+  size_t host_ws_bytes;
 };
 
 /* A buffer of at least bytes in slot (contents not kept across growth). */
 dtl_status dtl__tp_scratch(dtl_tp_context *ctx, dtl__tp_ws slot, size_t bytes, void **out);
+/* The same in host memory, whatever the communicator's memory. */
+dtl_status dtl__tp_host_scratch(dtl_tp_context *ctx, size_t bytes, void **out);
+/* Whether ctx computes on a device (an NCCL communicator; only possible in a CUDA build). */
+static inline bool dtl__tp_on_device(const dtl_tp_context *ctx) { return ctx->gemm.memory == DTL_MEMORY_DEVICE; }
 
 /* Checks that l is a [tokens, features] activation layout of ctx (same mesh and dtype, 2-D, features
  * columns, on_tp on the TP dim, Replicate elsewhere); DTL_ERR_MISMATCH naming both layouts otherwise.
  * *tokens gets the global token count. what names the argument ("x_layout"). */
 dtl_status dtl__tp_check_layout(const dtl_tp_context *ctx, const char *fn, const char *what, const dtl_layout *l,
                                 int64_t features, dtl_placement on_tp, int64_t *tokens);
-/* Where a layer can compute: on the host in f32; on a device (f32/f16/bf16) only when device_ok (the linear
- * layers: GEMM and bias; the others need device kernels that do not exist yet). DTL_ERR_UNSUPPORTED naming
- * fn otherwise. */
-dtl_status dtl__tp_check_compute(const dtl_tp_context *ctx, const char *fn, bool device_ok);
+/* Whether a layer can compute in ctx's dtype: on the host f32 only, on a device f32/f16/bf16.
+ * DTL_ERR_UNSUPPORTED naming fn otherwise. */
+dtl_status dtl__tp_check_compute(const dtl_tp_context *ctx, const char *fn);
 /* The bias epilogue on ctx memory (bias.h): seed (add false) or add bias [cols] on rows rows of y. */
 dtl_status dtl__tp_bias_rows(dtl_tp_context *ctx, void *y, const void *bias, int64_t rows, int64_t cols, int64_t ldy,
                              bool add);

@@ -1,0 +1,47 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* What every dtl benchmark shares: nccl-tests size arguments (1K, 64M, 1G), medians, and ending the run on
+ * the first failure (a benchmark has nothing to fall back to). Header-only so each bench stays one file. */
+#ifndef DTL_BENCH_UTIL_H
+#define DTL_BENCH_UTIL_H
+
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <dtl.h>
+
+/* "1K" -> 1024, "64M", "1G", plain numbers; anything else ends the run with a message naming the text. */
+static inline long long bench_parse_size(const char *s) {
+  char *end;
+  double v = strtod(s, &end);
+  switch (*end) {
+    case 'G': case 'g': v *= 1024; /* fall through */
+    case 'M': case 'm': v *= 1024; /* fall through */
+    case 'K': case 'k': v *= 1024; end++; break;
+    default: break;
+  }
+  if (end == s || *end != '\0' || v < 0) {
+    fprintf(stderr, "bad size \"%s\" (use e.g. 64, 1K, 64M, 1G)\n", s);
+    MPI_Abort(MPI_COMM_WORLD, 2);
+  }
+  return (long long)v;
+}
+
+static inline int bench_cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+/* Sorts v. */
+static inline double bench_median(double *v, int n) {
+  qsort(v, (size_t)n, sizeof *v, bench_cmp_double);
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static inline void bench_check(dtl_status s, const char *file, int line, const char *call) {
+  if (s == DTL_OK) return;
+  fprintf(stderr, "%s:%d %s: %s (%s)\n", file, line, call, dtl_status_name(s), dtl_last_error());
+  MPI_Abort(MPI_COMM_WORLD, 1);
+}
+#define BENCH_TRY(call) bench_check((call), __FILE__, __LINE__, #call)
+
+#endif

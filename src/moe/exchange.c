@@ -1,0 +1,188 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Dispatch and combine: replay a layout's maps with the transport's copies and all-to-all-v, so that the same
+ * code serves host (MPI) and device (NCCL) rows; only combine's weighted sum has a device twin (combine.cu). */
+#include <stdlib.h>
+#include <string.h>
+#include "common/half.h"
+#include "moe/moe_internal.h"
+
+static char *dtl__row(const void *base, int64_t row, size_t row_bytes) {
+  return base ? (char *)base + (size_t)row * row_bytes : NULL;
+}
+
+/* Runs on every rank before any row moves. Each rank's verdict on its own arguments travels with the layout
+ * id through one all-reduce, so a bad argument or a stale layout on one rank fails every rank instead of
+ * leaving the others in an all-to-all that never completes. Without verify, a rank with bad arguments
+ * returns at once. */
+static dtl_status dtl__moe_agree(dtl_moe_layout *L, const char *fn, dtl_status local) {
+  if (!L->verify || L->size == 1) return local;
+  int64_t a[3] = {L->id, -L->id, local == DTL_OK ? -(int64_t)L->size : -(int64_t)L->rank}, g[3];
+  DTL_TRY(dtl_all_reduce(L->count_comm, a, g, 3, DTL_INT64, DTL_MAX));
+  if (local != DTL_OK) return local;
+  if (g[2] != -(int64_t)L->size)
+    return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "rank %lld rejected its arguments (see its dtl_last_error)",
+                         (long long)-g[2]);
+  if (g[0] != L->id || g[1] != -L->id)
+    return dtl__error_fn(DTL_ERR_MISMATCH, fn,
+                         "ranks passed layouts from different dtl_moe_layout_create calls (this rank's id %lld, "
+                         "ids range over %lld..%lld): their counts need not match", (long long)L->id,
+                         (long long)-g[1], (long long)g[0]);
+  return DTL_OK;
+}
+
+static dtl_status dtl__check_buffers(const char *fn, const dtl_moe_layout *L, const void *tokens_buf,
+                                     const char *tokens_name, const void *expert_buf, const char *expert_name) {
+  if (!tokens_buf && L->tokens > 0)
+    return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "%s=NULL with %lld tokens", tokens_name, (long long)L->tokens);
+  if (!expert_buf && L->expert_rows > 0)
+    return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "%s=NULL with %lld expert rows", expert_name,
+                         (long long)L->expert_rows);
+  if (tokens_buf && tokens_buf == expert_buf)
+    return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "%s and %s are the same buffer", tokens_name, expert_name);
+  return DTL_OK;
+}
+
+dtl_status dtl_moe_layout_dispatch(dtl_moe_layout *L, const void *x, void *expert_in) {
+  static const char fn[] = "dtl_moe_layout_dispatch";
+  DTL_CHECK_ARG(L != NULL, fn, "layout=NULL");
+  DTL_TRY(dtl__moe_agree(L, fn, dtl__check_buffers(fn, L, x, "x", expert_in, "expert_in")));
+  dtl_comm *c = L->comm;
+  const size_t rb = L->row_bytes;
+  for (int j = 0; j < L->local_experts; j++) {
+    int64_t pad = L->block_padded[j] - L->block_rows[j];
+    if (pad > 0)
+      DTL_TRY(c->ops->mem_set(c, dtl__row(expert_in, L->block_off[j] + L->block_rows[j], rb), 0, (size_t)pad * rb));
+  }
+  /* The pack writes straight into the final order: remote rows into the send staging, this rank's own
+   * rows into their expert block (they never pass through the all-to-all). */
+  for (int64_t i = 0; i < L->npack; i++) {
+    const dtl__moe_run *r = &L->pack[i];
+    char *dst = r->dst < L->send_rows ? dtl__row(L->send_buf, r->dst, rb)
+                                      : dtl__row(expert_in, r->dst - L->send_rows, rb);
+    DTL_TRY(c->ops->mem_copy(c, dst, dtl__row(x, r->src, rb), (size_t)r->n * rb));
+  }
+  bool staged = L->exchange == DTL_MOE_EXCHANGE_SINGLE;
+  void *region = staged ? L->recv_buf : expert_in;
+  for (int i = 0; i < L->calls; i++)
+    DTL_TRY(dtl_all_to_allv(c, dtl__row(L->send_buf, L->send_base[i], rb), L->send_counts + (size_t)i * L->size,
+                            dtl__row(region, L->recv_base[i], rb), L->recv_counts + (size_t)i * L->size, L->dtype));
+  for (int64_t i = 0; i < L->nregroup; i++) {
+    const dtl__moe_run *r = &L->regroup[i];
+    DTL_TRY(c->ops->mem_copy(c, dtl__row(expert_in, r->dst, rb), dtl__row(L->recv_buf, r->src, rb), (size_t)r->n * rb));
+  }
+  return DTL_OK;
+}
+
+/* out[h] = w[0] * in[0][h] + w[1] * in[1][h] + ... in slot order, products and sums rounded one at a time, in
+ * one pass over the token's rows. The f32 kernel is the combine's hot loop: -O2 does not vectorize it
+ * (unknown trip count), so it runs 8 lanes at a time in vector types, every lane with the scalar tail's
+ * arithmetic (results do not depend on H or on the clone), and x86-64 also gets an AVX2 clone (no FMA, so
+ * the rounding stays that of the scalar code). */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__)
+#define DTL__CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define DTL__CLONES
+#endif
+DTL__CLONES
+static void dtl__weighted_sum_f32(float *restrict out, const float *const *in, const float *w, int n, int64_t H) {
+  int64_t h = 0;
+#if defined(__GNUC__)
+  typedef float v8f __attribute__((vector_size(32)));
+  for (; h + 8 <= H; h += 8) {
+    v8f a, x, wv;
+    memcpy(&x, in[0] + h, sizeof x);
+    wv = (v8f){w[0], w[0], w[0], w[0], w[0], w[0], w[0], w[0]};
+    a = wv * x;
+    for (int s = 1; s < n; s++) {
+      memcpy(&x, in[s] + h, sizeof x);
+      wv = (v8f){w[s], w[s], w[s], w[s], w[s], w[s], w[s], w[s]};
+      a += wv * x;
+    }
+    memcpy(out + h, &a, sizeof a);
+  }
+#endif
+  for (; h < H; h++) {
+    float a = w[0] * in[0][h];
+    for (int s = 1; s < n; s++) a += w[s] * in[s][h];
+    out[h] = a;
+  }
+}
+
+/* The same sum for the other dtypes, element by element: ACC is the accumulator type, TO/FROM convert. */
+#define DTL__WEIGHTED_SUM(T, ACC, TO, FROM)                                     \
+  do {                                                                          \
+    const T *const *in_ = (const T *const *)in;                                 \
+    T *out_ = (T *)out;                                                         \
+    for (int64_t h = 0; h < H; h++) {                                           \
+      ACC a = (ACC)w[0] * TO(in_[0][h]);                                        \
+      for (int s = 1; s < n; s++) a += (ACC)w[s] * TO(in_[s][h]);               \
+      out_[h] = FROM(a);                                                        \
+    }                                                                           \
+  } while (0)
+#define DTL__AS_IS(v) (v)
+
+static dtl_status dtl__combine_host(const dtl_moe_layout *L, const void *expert_out, void *y) {
+  const int64_t H = L->hidden;
+  const int k = L->k;
+  const size_t rb = L->row_bytes;
+  const void **in = malloc(sizeof(void *) * (size_t)k);
+  float *w = malloc(sizeof(float) * (size_t)k);
+  if (!in || !w) {
+    free(in);
+    free(w);
+    return dtl__error(DTL_ERR_OUT_OF_MEMORY, "dtl_moe_layout_combine: out of host memory");
+  }
+  for (int64_t t = 0; t < L->tokens; t++) {
+    int n = 0;
+    for (int s = 0; s < k; s++) { /* this token's kept slots, in slot order */
+      int64_t r = L->slot_row[t * k + s];
+      if (r < 0) continue;
+      in[n] = r < L->send_rows ? dtl__row(L->send_buf, r, rb) : dtl__row(expert_out, r - L->send_rows, rb);
+      w[n++] = L->weights[t * k + s];
+    }
+    void *out = dtl__row(y, t, rb);
+    if (n == 0) {
+      memset(out, 0, rb); /* +0 in every floating dtype */
+      continue;
+    }
+    switch (L->dtype) {
+      case DTL_FLOAT32: dtl__weighted_sum_f32(out, (const float *const *)in, w, n, H); break;
+      case DTL_FLOAT64: DTL__WEIGHTED_SUM(double, double, DTL__AS_IS, DTL__AS_IS); break;
+      case DTL_FLOAT16: DTL__WEIGHTED_SUM(uint16_t, float, dtl__f16_to_f32, dtl__f32_to_f16); break;
+      default: DTL__WEIGHTED_SUM(uint16_t, float, dtl__bf16_to_f32, dtl__f32_to_bf16); break;
+    }
+  }
+  free(in);
+  free(w);
+  return DTL_OK;
+}
+
+dtl_status dtl_moe_layout_combine(dtl_moe_layout *L, const void *expert_out, void *y) {
+  static const char fn[] = "dtl_moe_layout_combine";
+  DTL_CHECK_ARG(L != NULL, fn, "layout=NULL");
+  dtl_status local = dtl__check_buffers(fn, L, y, "y", expert_out, "expert_out");
+  if (local == DTL_OK && !dtl__dtype_is_float(L->dtype))
+    local = dtl__error_fn(DTL_ERR_UNSUPPORTED, fn, "dtype=%s (combine's weighted sum needs f32, f64, f16 or bf16)",
+                          dtl_dtype_name(L->dtype));
+  DTL_TRY(dtl__moe_agree(L, fn, local));
+  dtl_comm *c = L->comm;
+  const size_t rb = L->row_bytes;
+  bool staged = L->exchange == DTL_MOE_EXCHANGE_SINGLE;
+  for (int64_t i = 0; i < L->nregroup; i++) {
+    const dtl__moe_run *r = &L->regroup[i];
+    DTL_TRY(c->ops->mem_copy(c, dtl__row(L->recv_buf, r->src, rb), dtl__row(expert_out, r->dst, rb), (size_t)r->n * rb));
+  }
+  const void *region = staged ? L->recv_buf : expert_out;
+  for (int i = 0; i < L->calls; i++)
+    DTL_TRY(dtl_all_to_allv(c, dtl__row(region, L->recv_base[i], rb), L->recv_counts + (size_t)i * L->size,
+                            dtl__row(L->send_buf, L->send_base[i], rb), L->send_counts + (size_t)i * L->size,
+                            L->dtype));
+  if (c->ops->memory == DTL_MEMORY_DEVICE) {
+#if DTL_HAVE_NCCL
+    return dtl__moe_combine_device(L, expert_out, y);
+#else
+    return dtl__error_fn(DTL_ERR_UNSUPPORTED, fn, "device memory needs a CUDA build of dtl");
+#endif
+  }
+  return dtl__combine_host(L, expert_out, y);
+}

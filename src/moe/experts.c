@@ -1,0 +1,85 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Expert compute: the per-local-expert callback loop over a layout's expert blocks, and the ready SiLU-gated
+ * MLP expert, whose matrix products go through the TP layers' GEMM (src/tp/gemm.h). */
+#include <stdint.h>
+#include <math.h>
+#include <stdlib.h>
+#include "moe/moe_internal.h"
+#include "tp/gemm.h"
+
+dtl_status dtl_moe_experts_run(const dtl_moe_layout *L, const void *expert_in, void *expert_out, dtl_moe_expert_fn fn,
+                               void *user) {
+  static const char name[] = "dtl_moe_experts_run";
+  DTL_CHECK_ARG(L != NULL, name, "layout=NULL");
+  DTL_CHECK_ARG(fn != NULL, name, "fn=NULL");
+  DTL_CHECK_ARG(L->expert_rows == 0 || (expert_in && expert_out), name, "%s=NULL with %lld expert rows",
+                expert_in ? "expert_out" : "expert_in", (long long)L->expert_rows);
+  DTL_CHECK_ARG(L->expert_rows == 0 || expert_in != expert_out, name, "expert_in and expert_out are the same buffer");
+  for (int j = 0; j < L->local_experts; j++) {
+    size_t off = (size_t)L->block_off[j] * L->row_bytes;
+    dtl_moe_expert_batch b = {
+        .expert = L->local_ids[j],
+        .local = j,
+        .rows = L->block_rows[j],
+        .rows_padded = L->block_padded[j],
+        .hidden = L->hidden,
+        .dtype = L->dtype,
+        .memory = L->comm->ops->memory,
+        .in = expert_in ? (const char *)expert_in + off : NULL,
+        .out = expert_out ? (char *)expert_out + off : NULL,
+    };
+    dtl_status st = fn(&b, user);
+    if (st != DTL_OK)
+      return dtl__error_prefix(st, "%s: expert %d (local %d)", name, b.expert, j);
+  }
+  return DTL_OK;
+}
+
+/* C[m, n] = A[m, kk] B[n, kk]^T, row-major f32 on the host. */
+static dtl_status dtl__moe_gemm_nt(int64_t m, int64_t n, int64_t kk, const float *A, const float *B, float *C) {
+  dtl__gemm_engine host = dtl__gemm_engine_host();
+  return dtl__gemm(&host, DTL_FLOAT32, m, n, kk, 1.0f, A, kk, B, kk, 0.0f, C, n);
+}
+
+dtl_status dtl_moe_mlp_forward(const dtl_moe_expert_batch *b, void *user) {
+  static const char name[] = "dtl_moe_mlp_forward";
+  const dtl_moe_mlp *mlp = user;
+  DTL_CHECK_ARG(b != NULL, name, "batch=NULL");
+  DTL_CHECK_ARG(mlp != NULL, name, "mlp=NULL");
+  if (b->memory != DTL_MEMORY_HOST || b->dtype != DTL_FLOAT32)
+    return dtl__error_fn(DTL_ERR_UNSUPPORTED, name, "%s memory, dtype %s (expected host memory and f32)",
+                         b->memory == DTL_MEMORY_HOST ? "host" : "device", dtl_dtype_name(b->dtype));
+  DTL_CHECK_ARG(mlp->hidden == b->hidden, name, "mlp.hidden=%lld but the layout's hidden=%lld", (long long)mlp->hidden,
+                (long long)b->hidden);
+  DTL_CHECK_ARG(mlp->ffn >= 1, name, "mlp.ffn=%lld (expected >= 1)", (long long)mlp->ffn);
+  DTL_CHECK_ARG(b->local >= 0 && b->local < mlp->local_experts, name, "local expert %d (mlp.local_experts=%d)",
+                b->local, mlp->local_experts);
+  DTL_CHECK_ARG(mlp->w_gate && mlp->w_up && mlp->w_down, name, "mlp weight arrays must not be NULL");
+  const float *wg = mlp->w_gate[b->local], *wu = mlp->w_up[b->local], *wd = mlp->w_down[b->local];
+  DTL_CHECK_ARG(wg && wu && wd, name, "weights of local expert %d are NULL", b->local);
+  if (b->rows == 0) return DTL_OK;
+  const int64_t m = b->rows, f = mlp->ffn, h = mlp->hidden;
+  size_t cells;
+  DTL_CHECK_ARG(dtl__mul_size((size_t)m, (size_t)f, &cells) && cells <= SIZE_MAX / sizeof(float), name,
+                "rows=%lld x ffn=%lld overflows", (long long)m, (long long)f);
+  float *gate = malloc(sizeof(float) * cells);
+  float *up = malloc(sizeof(float) * cells);
+  if (!gate || !up) {
+    free(gate);
+    free(up);
+    return dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, name, "out of host memory for %lld x %lld activations", (long long)m,
+                         (long long)f);
+  }
+  dtl_status st = dtl__moe_gemm_nt(m, f, h, b->in, wg, gate);
+  if (st == DTL_OK) st = dtl__moe_gemm_nt(m, f, h, b->in, wu, up);
+  if (st == DTL_OK) {
+    for (size_t i = 0; i < cells; i++) {
+      float g = gate[i];
+      gate[i] = g / (1.0f + expf(-g)) * up[i]; /* silu(g) * u */
+    }
+    st = dtl__moe_gemm_nt(m, h, f, gate, wd, b->out);
+  }
+  free(gate);
+  free(up);
+  return st;
+}

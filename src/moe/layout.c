@@ -1,0 +1,438 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Collective creation of a dispatch layout: local validation and drops, one agreement all-reduce (every
+ * rank learns whether any rank failed and whether all agree on the common arguments, so bad input never
+ * leaves a peer waiting), one all-to-all of the per-expert counts, then the pack, regroup and combine maps
+ * that dispatch and combine replay without recomputation. */
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include "moe/moe_internal.h"
+
+static const char fn[] = "dtl_moe_layout_create";
+
+/* The arguments every rank must pass alike, in the order of the agreement vector. */
+enum { F_PLACEMENT, F_K, F_HIDDEN, F_DTYPE, F_CAPACITY, F_POLICY, F_PAD, F_EXCHANGE, F_VERIFY, F_COUNT };
+static const char *const dtl__field_name[F_COUNT] = {
+    "experts or the expert->rank placement", "k", "hidden", "dtype", "capacity_factor", "drop_policy",
+    "pad_multiple", "exchange", "verify"};
+/* Agreement vector (all-reduced with MAX): each field as (v, -v), so max(v) == -max(-v) iff all ranks agree,
+ * then -(failing rank or size), the failing status, the largest remote send in bytes and a nonce. */
+enum { A_FAIL = 2 * F_COUNT, A_STATUS, A_BYTES, A_NONCE, A_COUNT };
+
+static uint64_t dtl__mix(uint64_t h, uint64_t v) {
+  h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+  h ^= h >> 30;
+  h *= 0xbf58476d1ce4e5b9ull;
+  h ^= h >> 27;
+  h *= 0x94d049bb133111ebull;
+  return h ^ (h >> 31);
+}
+/* Non-negative and far from INT64_MIN, so that its negation is exact. */
+static int64_t dtl__h62(uint64_t h) { return (int64_t)(h >> 2); }
+
+typedef struct {
+  bool has_capacity;
+  double factor;
+  dtl_moe_drop_policy policy;
+  int64_t pad;
+  dtl_moe_exchange exchange;
+  bool verify;
+  dtl_comm *count_comm;
+} dtl__moe_opts;
+
+/* Checks that need no peer and would leave no way to talk to one: the rank returns at once. */
+static dtl_status dtl__resolve_comms(dtl_comm *c, const dtl_moe_layout_params *prm, dtl__moe_opts *o) {
+  o->count_comm = c;
+  if (prm && (prm->mask & DTL_MOE_LAYOUT_COUNT_COMM)) o->count_comm = prm->count_comm;
+  dtl_comm *h = o->count_comm;
+  if (!h && c->ops->memory == DTL_MEMORY_DEVICE)
+    return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn,
+                         "the communicator is on device memory (%s): params.count_comm must name a host (MPI) "
+                         "communicator over the same ranks for the count exchange", c->ops->name);
+  DTL_CHECK_ARG(h != NULL, fn, "params.count_comm=NULL");
+  if (h->ops->memory != DTL_MEMORY_HOST)
+    return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "params.count_comm is a %s (device) communicator (expected a "
+                         "host one)", h->ops->name);
+  if (h->size != c->size || h->rank != c->rank)
+    return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn,
+                         "params.count_comm has rank %d of %d but the communicator rank %d of %d (expected the same "
+                         "ranks in the same order)", h->rank, h->size, c->rank, c->size);
+  if (h->aborted || c->aborted) return dtl__error_fn(DTL_ERR_COMM, fn, "the communicator was aborted");
+  return DTL_OK;
+}
+
+static dtl_status dtl__resolve_opts(const dtl_moe_layout_params *prm, dtl__moe_opts *o) {
+  static const uint64_t known = DTL_MOE_LAYOUT_CAPACITY_FACTOR | DTL_MOE_LAYOUT_DROP_POLICY |
+                                DTL_MOE_LAYOUT_PAD_MULTIPLE | DTL_MOE_LAYOUT_EXCHANGE | DTL_MOE_LAYOUT_VERIFY |
+                                DTL_MOE_LAYOUT_COUNT_COMM;
+  o->has_capacity = false;
+  o->factor = 0;
+  o->policy = DTL_MOE_DROP_POSITION;
+  o->pad = 1;
+  o->exchange = DTL_MOE_EXCHANGE_AUTO;
+  o->verify = true;
+  if (!prm) return DTL_OK;
+  uint64_t m = prm->mask;
+  DTL_CHECK_ARG(!(m & ~known), fn, "params.mask=0x%llx has unknown bits", (unsigned long long)m);
+  if (m & DTL_MOE_LAYOUT_CAPACITY_FACTOR) {
+    double f = prm->capacity_factor;
+    DTL_CHECK_ARG(f > 0 && f <= 1e9, fn, "params.capacity_factor=%g (expected finite and > 0)", f);
+    o->has_capacity = true;
+    o->factor = f;
+  }
+  if (m & DTL_MOE_LAYOUT_DROP_POLICY) {
+    o->policy = prm->drop_policy;
+    DTL_CHECK_ARG(o->policy == DTL_MOE_DROP_POSITION || o->policy == DTL_MOE_DROP_PROBABILITY, fn,
+                  "params.drop_policy=%d (expected DTL_MOE_DROP_POSITION or DTL_MOE_DROP_PROBABILITY)", (int)o->policy);
+  }
+  if (m & DTL_MOE_LAYOUT_PAD_MULTIPLE) {
+    o->pad = prm->pad_multiple;
+    DTL_CHECK_ARG(o->pad >= 1 && o->pad <= (1 << 30), fn, "params.pad_multiple=%lld (expected 1..2^30)",
+                  (long long)o->pad);
+  }
+  if (m & DTL_MOE_LAYOUT_EXCHANGE) {
+    o->exchange = prm->exchange;
+    DTL_CHECK_ARG(o->exchange >= DTL_MOE_EXCHANGE_AUTO && o->exchange <= DTL_MOE_EXCHANGE_SINGLE, fn,
+                  "params.exchange=%d (expected DTL_MOE_EXCHANGE_AUTO..DTL_MOE_EXCHANGE_SINGLE)", (int)o->exchange);
+  }
+  if (m & DTL_MOE_LAYOUT_VERIFY) o->verify = prm->verify != 0;
+  return DTL_OK;
+}
+
+/* Everything a rank can reject on its own; run before the agreement so that all ranks hear of it. */
+static dtl_status dtl__check_local(const dtl_comm *c, const dtl_moe_placement *p, int64_t tokens, int k,
+                                   const int32_t *ids, const float *weights, int64_t hidden, dtl_dtype dtype,
+                                   const dtl_moe_layout_params *prm, dtl__moe_opts *o) {
+  DTL_TRY(dtl__resolve_opts(prm, o));
+  DTL_CHECK_ARG(p != NULL, fn, "placement=NULL");
+  DTL_CHECK_ARG(p->ranks == c->size, fn, "placement has %d ranks but the communicator %d", p->ranks, c->size);
+  DTL_CHECK_ARG(k >= 1 && k <= p->experts, fn, "k=%d (expected 1..experts=%d)", k, p->experts);
+  DTL_CHECK_ARG(tokens >= 0, fn, "tokens=%lld (expected >= 0)", (long long)tokens);
+  DTL_CHECK_ARG(hidden >= 1, fn, "hidden=%lld (expected >= 1)", (long long)hidden);
+  DTL_CHECK_ARG(dtl__dtype_valid(dtype), fn, "dtype=%d (expected 0..%d)", (int)dtype, DTL_NUM_DTYPES - 1);
+  size_t pairs, row_bytes, x_bytes;
+  DTL_CHECK_ARG(dtl__mul_size((size_t)tokens, (size_t)k, &pairs) && pairs <= (size_t)INT64_MAX / 16, fn,
+                "tokens=%lld x k=%d overflows", (long long)tokens, k);
+  DTL_CHECK_ARG(dtl__mul_size((size_t)hidden, dtl_dtype_size(dtype), &row_bytes) &&
+                    dtl__mul_size(row_bytes, pairs, &x_bytes) && x_bytes <= (size_t)INT64_MAX,
+                fn, "tokens=%lld x k=%d x hidden=%lld %s elements overflow", (long long)tokens, k, (long long)hidden,
+                dtl_dtype_name(dtype));
+  if (pairs > 0) {
+    DTL_CHECK_ARG(ids != NULL, fn, "ids=NULL with %lld tokens", (long long)tokens);
+    DTL_CHECK_ARG(weights != NULL, fn, "weights=NULL with %lld tokens", (long long)tokens);
+  }
+  return dtl__moe_check_routing(fn, ids, weights, tokens, k, p->experts);
+}
+
+void dtl_moe_layout_destroy(dtl_moe_layout *L) {
+  if (!L) return;
+#if DTL_HAVE_NCCL
+  dtl__moe_device_release(L);
+#endif
+  if (L->send_buf) L->comm->ops->mem_free(L->comm, L->send_buf);
+  if (L->recv_buf) L->comm->ops->mem_free(L->comm, L->recv_buf);
+  free(L->local_ids);
+  free(L->kept);
+  free(L->dropped);
+  free(L->weights);
+  free(L->slot_row);
+  free(L->pack);
+  free(L->regroup);
+  free(L->block_off);
+  free(L->block_rows);
+  free(L->block_padded);
+  free(L->send_counts);
+  free(L->recv_counts);
+  free(L->send_base);
+  free(L->recv_base);
+  free(L);
+}
+
+static void dtl__agreement_fields(const dtl_moe_placement *p, int k, int64_t hidden, dtl_dtype dtype,
+                                  const dtl__moe_opts *o, int64_t *v) {
+  uint64_t h = dtl__mix(0, (uint64_t)p->experts);
+  for (int e = 0; e < p->experts; e++) h = dtl__mix(h, (uint64_t)p->owner[e]);
+  uint64_t fbits = 0;
+  memcpy(&fbits, &o->factor, sizeof fbits);
+  int64_t f[F_COUNT] = {
+      [F_PLACEMENT] = dtl__h62(h),
+      [F_K] = k,
+      [F_HIDDEN] = hidden,
+      [F_DTYPE] = dtype,
+      [F_CAPACITY] = o->has_capacity ? dtl__h62(dtl__mix(1, fbits)) : 0,
+      [F_POLICY] = o->policy,
+      [F_PAD] = o->pad,
+      [F_EXCHANGE] = o->exchange,
+      [F_VERIFY] = o->verify,
+  };
+  for (int i = 0; i < F_COUNT; i++) {
+    v[2 * i] = f[i];
+    v[2 * i + 1] = -f[i];
+  }
+}
+
+static int64_t dtl__nonce(const void *salt, int rank) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  uint64_t h = dtl__mix((uint64_t)ts.tv_sec, (uint64_t)ts.tv_nsec);
+  h = dtl__mix(h, (uint64_t)(uintptr_t)salt);
+  h = dtl__mix(h, (uint64_t)rank);
+  return dtl__h62(h) | 1; /* never 0 */
+}
+
+static void *dtl__xcalloc(size_t n, size_t size, bool *ok) {
+  void *q = calloc(n ? n : 1, size);
+  if (!q) *ok = false;
+  return q;
+}
+
+/* Fills the maps of L from the route and the exchanged counts cin[s * max_local + j] (rows rank s sends to
+ * this rank's local expert j). Host allocations only. */
+static dtl_status dtl__build_maps(dtl_moe_layout *L, const dtl_moe_placement *p, const dtl__moe_route *r,
+                                  const int64_t *cin, int64_t pad) {
+  const int P = L->size, me = L->rank, J = L->max_local, nl = L->local_experts, k = L->k;
+  bool ok = true;
+  L->block_off = dtl__xcalloc((size_t)nl, sizeof(int64_t), &ok);
+  L->block_rows = dtl__xcalloc((size_t)nl, sizeof(int64_t), &ok);
+  L->block_padded = dtl__xcalloc((size_t)nl, sizeof(int64_t), &ok);
+  int64_t *seg_base = dtl__xcalloc((size_t)L->experts, sizeof(int64_t), &ok);
+  size_t calls = (size_t)(L->calls ? L->calls : 1);
+  L->send_counts = dtl__xcalloc(calls * (size_t)P, sizeof(size_t), &ok);
+  L->recv_counts = dtl__xcalloc(calls * (size_t)P, sizeof(size_t), &ok);
+  L->send_base = dtl__xcalloc(calls, sizeof(int64_t), &ok);
+  L->recv_base = dtl__xcalloc(calls, sizeof(int64_t), &ok);
+  L->slot_row = dtl__xcalloc((size_t)(L->tokens * k), sizeof(int64_t), &ok);
+  L->pack = dtl__xcalloc((size_t)r->kept_all, sizeof(dtl__moe_run), &ok);
+  if (L->exchange == DTL_MOE_EXCHANGE_SINGLE)
+    L->regroup = dtl__xcalloc((size_t)P * (size_t)(nl ? nl : 1), sizeof(dtl__moe_run), &ok);
+  if (!ok) {
+    free(seg_base);
+    return dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory");
+  }
+  const int64_t H = L->hidden;
+
+  /* Expert blocks: this rank's own rows first, then the other ranks' in rank order. */
+  int64_t off = 0;
+  for (int j = 0; j < nl; j++) {
+    int64_t n = 0;
+    for (int s = 0; s < P; s++) n += cin[(size_t)s * J + j];
+    L->block_off[j] = off;
+    L->block_rows[j] = n;
+    L->block_padded[j] = (n + pad - 1) / pad * pad;
+    off += L->block_padded[j];
+  }
+  L->expert_rows = off;
+
+  /* Send staging: the remote segments in the order the calls take them. */
+  int64_t cursor = 0;
+  if (L->exchange == DTL_MOE_EXCHANGE_PER_EXPERT) {
+    for (int j = 0; j < L->calls; j++) {
+      L->send_base[j] = cursor;
+      for (int d = 0; d < P; d++) {
+        int e = dtl_moe_placement_local_expert(p, d, j);
+        if (d == me || e < 0) continue;
+        seg_base[e] = cursor;
+        cursor += r->kept[e];
+        L->send_counts[(size_t)j * P + d] = (size_t)(r->kept[e] * H);
+      }
+      int64_t in = j < nl ? L->block_off[j] + cin[(size_t)me * J + j] : 0;
+      L->recv_base[j] = in;
+      for (int s = 0; s < P && j < nl; s++)
+        if (s != me) L->recv_counts[(size_t)j * P + s] = (size_t)(cin[(size_t)s * J + j] * H);
+    }
+  } else if (L->calls > 0) {
+    for (int d = 0; d < P; d++) {
+      if (d == me) continue;
+      int64_t n = 0;
+      for (int j = 0; j < p->first[d + 1] - p->first[d]; j++) {
+        int e = p->by_rank[p->first[d] + j];
+        seg_base[e] = cursor + n;
+        n += r->kept[e];
+      }
+      cursor += n;
+      L->send_counts[d] = (size_t)(n * H);
+    }
+    int64_t rc = 0;
+    for (int s = 0; s < P; s++) {
+      if (s == me) continue;
+      int64_t n = 0;
+      for (int j = 0; j < nl; j++) {
+        int64_t c = cin[(size_t)s * J + j];
+        if (c == 0) continue;
+        /* Rows of s sit after this rank's own and those of the lower other ranks. */
+        int64_t at = L->block_off[j] + cin[(size_t)me * J + j];
+        for (int q = 0; q < s; q++)
+          if (q != me) at += cin[(size_t)q * J + j];
+        L->regroup[L->nregroup++] = (dtl__moe_run){rc + n, at, c};
+        n += c;
+      }
+      rc += n;
+      L->recv_counts[s] = (size_t)(n * H);
+    }
+    L->recv_rows = rc;
+  }
+  L->send_rows = cursor;
+
+  /* Pack runs and the combine map. perm lists each expert's kept pairs in (token, slot) order. */
+  for (int64_t i = 0; i < r->pairs; i++) L->slot_row[i] = -1;
+  for (int e = 0; e < L->experts; e++) {
+    int64_t base = p->owner[e] == me ? L->send_rows + L->block_off[p->local[e]] : seg_base[e];
+    for (int64_t i = r->start[e]; i < r->start[e + 1]; i++) {
+      int64_t pair = r->perm[i], tok = pair / k, dst = base + (i - r->start[e]);
+      L->slot_row[pair] = dst;
+      dtl__moe_run *last = L->npack ? &L->pack[L->npack - 1] : NULL;
+      /* A run may span segments but never the border between the staging and the expert buffer. */
+      if (last && last->src + last->n == tok && last->dst + last->n == dst && dst != L->send_rows)
+        last->n++;
+      else
+        L->pack[L->npack++] = (dtl__moe_run){tok, dst, 1};
+    }
+  }
+  free(seg_base);
+  return DTL_OK;
+}
+
+dtl_status dtl_moe_layout_create(dtl_comm *c, const dtl_moe_placement *p, int64_t tokens, int k, const int32_t *ids,
+                                 const float *weights, int64_t hidden, dtl_dtype dtype,
+                                 const dtl_moe_layout_params *params, dtl_moe_layout **out) {
+  DTL_CHECK_ARG(c != NULL, fn, "comm=NULL");
+  DTL_CHECK_ARG(out != NULL, fn, "out=NULL");
+  dtl__moe_opts o = {.pad = 1, .verify = true};
+  DTL_TRY(dtl__resolve_comms(c, params, &o));
+
+  /* 1. Local: validation, drops, the route and the send staging (all before the agreement, so that a
+   * failure here reaches every rank). */
+  dtl__moe_route route = {0};
+  dtl_moe_layout *L = calloc(1, sizeof *L);
+  dtl_status local = L ? DTL_OK : dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory");
+  if (local == DTL_OK) local = dtl__check_local(c, p, tokens, k, ids, weights, hidden, dtype, params, &o);
+  int64_t remote_rows = 0;
+  if (local == DTL_OK) {
+    L->comm = c;
+    L->count_comm = o.count_comm;
+    L->rank = c->rank;
+    L->size = c->size;
+    L->experts = p->experts;
+    L->k = k;
+    L->local_experts = p->first[c->rank + 1] - p->first[c->rank];
+    L->max_local = p->max_local;
+    L->tokens = tokens;
+    L->hidden = hidden;
+    L->dtype = dtype;
+    L->row_bytes = (size_t)hidden * dtl_dtype_size(dtype);
+    L->verify = o.verify;
+    L->capacity = o.has_capacity ? dtl__moe_capacity(tokens, k, p->experts, o.factor) : -1;
+    local = dtl__moe_route_build(ids, weights, tokens, k, p->experts, L->capacity, o.policy, &route);
+  }
+  if (local == DTL_OK) {
+    for (int e = 0; e < p->experts; e++)
+      if (p->owner[e] != c->rank) remote_rows += route.kept[e];
+    size_t pairs = (size_t)(tokens * k);
+    L->kept = malloc(sizeof(int64_t) * (size_t)p->experts);
+    L->dropped = malloc(sizeof(int64_t) * (size_t)p->experts);
+    L->weights = malloc(sizeof(float) * (pairs ? pairs : 1));
+    L->local_ids = malloc(sizeof(int) * (size_t)(L->local_experts ? L->local_experts : 1));
+    if (L->kept && L->dropped && L->weights && L->local_ids) {
+      memcpy(L->local_ids, p->by_rank + p->first[c->rank], sizeof(int) * (size_t)L->local_experts);
+      memcpy(L->kept, route.kept, sizeof(int64_t) * (size_t)p->experts);
+      memcpy(L->dropped, route.dropped, sizeof(int64_t) * (size_t)p->experts);
+      if (pairs) memcpy(L->weights, weights, sizeof(float) * pairs);
+      local = c->ops->mem_alloc(c, (size_t)remote_rows * L->row_bytes, &L->send_buf);
+    } else {
+      local = dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory");
+    }
+  }
+
+  /* 2. Agreement. */
+  int64_t a[A_COUNT] = {0}, g[A_COUNT];
+  if (local == DTL_OK) dtl__agreement_fields(p, k, hidden, dtype, &o, a);
+  a[A_FAIL] = -(int64_t)(local == DTL_OK ? c->size : c->rank);
+  a[A_STATUS] = (int64_t)local;
+  a[A_BYTES] = remote_rows * (int64_t)(L ? L->row_bytes : 0);
+  a[A_NONCE] = dtl__nonce(L, c->rank);
+  dtl_status st = dtl_all_reduce(o.count_comm, a, g, A_COUNT, DTL_INT64, DTL_MAX);
+  if (st != DTL_OK) goto fail;
+  if (local != DTL_OK) {
+    st = local; /* this rank's own message stands */
+    goto fail;
+  }
+  if (g[A_FAIL] != -(int64_t)c->size) {
+    st = (dtl_status)g[A_STATUS];
+    dtl__error_fn(st, fn, "rank %lld rejected its arguments (%s; see its dtl_last_error)", (long long)-g[A_FAIL],
+                  dtl_status_name(st));
+    goto fail;
+  }
+  for (int i = 0; i < F_COUNT; i++)
+    if (g[2 * i] != a[2 * i] || g[2 * i + 1] != a[2 * i + 1]) {
+      st = dtl__error_fn(DTL_ERR_MISMATCH, fn,
+                         "ranks disagree on %s (this rank %d passes %lld; values range over %lld..%lld), so the "
+                         "counts they would exchange cannot match", dtl__field_name[i], c->rank, (long long)a[2 * i],
+                         (long long)-g[2 * i + 1], (long long)g[2 * i]);
+      goto fail;
+    }
+  L->id = g[A_NONCE];
+
+  /* 3. How the rows travel: the same decision on every rank, from agreed values. */
+  const int P = c->size, J = p->max_local;
+  dtl_moe_exchange ex = o.exchange;
+  if (ex == DTL_MOE_EXCHANGE_AUTO) {
+    int64_t avg = P > 1 ? g[A_BYTES] / ((int64_t)J * (P - 1)) : 0;
+    ex = (J == 1 || avg >= DTL_MOE_SINGLE_EXCHANGE_BYTES) ? DTL_MOE_EXCHANGE_PER_EXPERT : DTL_MOE_EXCHANGE_SINGLE;
+  }
+  if (J == 1) ex = DTL_MOE_EXCHANGE_PER_EXPERT; /* the two are the same then, without a regroup */
+  L->exchange = ex;
+  L->calls = P == 1 ? 0 : ex == DTL_MOE_EXCHANGE_PER_EXPERT ? J : 1;
+
+  /* 4. The count exchange: block d of the message holds the rows this rank sends to each of d's experts. */
+  int64_t *cout = calloc((size_t)P * (size_t)J, sizeof(int64_t));
+  int64_t *cin = calloc((size_t)P * (size_t)J, sizeof(int64_t));
+  if (!cout || !cin) {
+    free(cout);
+    free(cin);
+    st = dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory");
+    goto fail;
+  }
+  for (int d = 0; d < P; d++)
+    for (int j = 0; j < p->first[d + 1] - p->first[d]; j++) cout[(size_t)d * J + j] = route.kept[p->by_rank[p->first[d] + j]];
+  st = dtl_all_to_all(o.count_comm, cout, cin, (size_t)J, DTL_INT64);
+  if (st == DTL_OK) st = dtl__build_maps(L, p, &route, cin, o.pad);
+  free(cout);
+  free(cin);
+  if (st != DTL_OK) goto fail;
+  if (L->recv_rows > 0) {
+    size_t bytes;
+    if (!dtl__mul_size((size_t)L->recv_rows, L->row_bytes, &bytes))
+      st = dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "receive staging of %lld rows overflows", (long long)L->recv_rows);
+    else /* an allocation failure here is reported on this rank only: its peers' layouts are built */
+      st = c->ops->mem_alloc(c, bytes, &L->recv_buf);
+    if (st != DTL_OK) goto fail;
+  }
+  dtl__moe_route_free(&route);
+  *out = L;
+  return DTL_OK;
+fail:
+  dtl__moe_route_free(&route);
+  dtl_moe_layout_destroy(L);
+  return st;
+}
+
+int64_t dtl_moe_layout_expert_rows(const dtl_moe_layout *L) { return L ? L->expert_rows : -1; }
+int dtl_moe_layout_local_experts(const dtl_moe_layout *L) { return L ? L->local_experts : -1; }
+int64_t dtl_moe_layout_capacity(const dtl_moe_layout *L) { return L ? L->capacity : -1; }
+dtl_moe_exchange dtl_moe_layout_exchange(const dtl_moe_layout *L) { return L ? L->exchange : DTL_MOE_EXCHANGE_AUTO; }
+
+dtl_status dtl_moe_layout_expert_counts(const dtl_moe_layout *L, int64_t *rows, int64_t *offset) {
+  DTL_CHECK_ARG(L != NULL, "dtl_moe_layout_expert_counts", "layout=NULL");
+  for (int j = 0; j < L->local_experts; j++) {
+    if (rows) rows[j] = L->block_rows[j];
+    if (offset) offset[j] = L->block_off[j];
+  }
+  return DTL_OK;
+}
+
+dtl_status dtl_moe_layout_token_counts(const dtl_moe_layout *L, int64_t *kept, int64_t *dropped) {
+  DTL_CHECK_ARG(L != NULL, "dtl_moe_layout_token_counts", "layout=NULL");
+  if (kept) memcpy(kept, L->kept, sizeof(int64_t) * (size_t)L->experts);
+  if (dropped) memcpy(dropped, L->dropped, sizeof(int64_t) * (size_t)L->experts);
+  return DTL_OK;
+}

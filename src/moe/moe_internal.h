@@ -1,0 +1,93 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* This file is private to dtl. It defines the MoE placement and dispatch layout objects shared by the
+ * files of src/moe/, and the pure local step of a layout (capacity drops and the stable permutation) that
+ * the unit tests check without communication. */
+#ifndef DTL_MOE_INTERNAL_H
+#define DTL_MOE_INTERNAL_H
+
+#include "comm/backend.h"
+#include "dtl/moe.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct dtl_moe_placement {
+  int experts, ranks, max_local;
+  int *owner;   /* [experts] */
+  int *local;   /* [experts] index of the expert among its owner's experts */
+  int *first;   /* [ranks + 1] offsets into by_rank */
+  int *by_rank; /* [experts] experts grouped by owner, increasing id inside a group */
+};
+
+/* capacity = ceil(tokens * k / experts * factor), Megatron-LM's get_capacity() over this rank's pairs. */
+int64_t dtl__moe_capacity(int64_t tokens, int k, int experts, double factor);
+
+/* The local half of a dispatch: what survives capacity and in which order, from this rank's routing alone. */
+typedef struct {
+  int64_t pairs;    /* tokens * k */
+  int64_t kept_all; /* pairs kept, over all experts */
+  int64_t *kept;    /* [experts] */
+  int64_t *dropped; /* [experts] */
+  int64_t *start;   /* [experts + 1]: expert e's pairs are perm[start[e] .. start[e+1]) */
+  int64_t *perm;    /* [kept_all] pair index t*k+s, grouped by expert, (token, slot) order inside */
+  int64_t *inv;     /* [pairs] index into perm; -1 for masked or dropped pairs */
+} dtl__moe_route;
+
+/* Checks ids [tokens, k] in -1..experts-1 and, where the id is not -1, weights finite and >= 0; the
+ * message names fn, the first bad entry and its value. */
+dtl_status dtl__moe_check_routing(const char *fn, const int32_t *ids, const float *weights, int64_t tokens, int k,
+                                  int experts);
+/* Builds the route of valid routing (checked above). capacity < 0 means dropless; weights are read only by
+ * DTL_MOE_DROP_PROBABILITY. On failure nothing is left allocated. */
+dtl_status dtl__moe_route_build(const int32_t *ids, const float *weights, int64_t tokens, int k, int experts,
+                                int64_t capacity, dtl_moe_drop_policy policy, dtl__moe_route *out);
+void dtl__moe_route_free(dtl__moe_route *r);
+
+/* n rows from row src to row dst of one copy. */
+typedef struct {
+  int64_t src, dst, n;
+} dtl__moe_run;
+
+struct dtl_moe_layout {
+  dtl_comm *comm, *count_comm; /* not owned */
+  int rank, size, experts, k, local_experts, max_local;
+  int64_t tokens, hidden;
+  dtl_dtype dtype;
+  size_t row_bytes;
+  dtl_moe_exchange exchange; /* resolved: PER_EXPERT or SINGLE */
+  bool verify;
+  int64_t id; /* the same on every rank of one collective creation, different across creations */
+  int64_t capacity;
+  int *local_ids;          /* [local_experts] global ids */
+  int64_t *kept, *dropped; /* [experts] */
+  float *weights;          /* [tokens * k] */
+  /* Where combine reads the expert output of pair t*k+s: -1 (masked or dropped); < send_rows: that row of
+   * the send staging (the row came back from another rank); else row (slot_row - send_rows) of expert_out. */
+  int64_t *slot_row;
+  /* x rows -> send staging rows (dst < send_rows) or expert buffer rows (dst - send_rows), the pack. */
+  dtl__moe_run *pack;
+  int64_t npack;
+  /* SINGLE: receive staging rows -> expert buffer rows (combine runs them backwards). */
+  dtl__moe_run *regroup;
+  int64_t nregroup;
+  int64_t *block_off, *block_rows, *block_padded; /* [local_experts] in the expert buffers */
+  int64_t expert_rows;
+  int64_t send_rows, recv_rows; /* rows of the staging buffers: the pairs that cross to another rank */
+  int calls;                    /* all-to-all-v calls per direction */
+  size_t *send_counts, *recv_counts; /* [calls * size], elements */
+  /* First row of call i's data in the send staging, and in the receiving region: the receive staging
+   * (SINGLE) or the expert buffer (PER_EXPERT, each call lands in one expert's block after its own rows). */
+  int64_t *send_base, *recv_base;
+  void *send_buf, *recv_buf; /* staging, the communicator's memory */
+  void *device_map;          /* device copy of slot_row and weights for the device combine (CUDA builds) */
+};
+
+/* Device half of combine (src/moe/combine.cu, CUDA builds only): the same sum as the host one. */
+dtl_status dtl__moe_combine_device(dtl_moe_layout *L, const void *expert_out, void *y);
+void dtl__moe_device_release(dtl_moe_layout *L);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

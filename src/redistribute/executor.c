@@ -153,7 +153,7 @@ static size_t dtl__chunking(dtl__ex_step *e, int nd, const int64_t *shape, size_
  * blocks and unpacks its received ones through two chunk-sized regions. The group's box spans the input box
  * on every dim but i and the output box on i; its outermost dim of extent > 1 is the chunk dim, and its row
  * size fixes the rows per chunk, alike on every member. */
-static bool dtl__chunk_all_to_all(dtl__ex_step *e, int nd, int i, int j, int g, size_t es, dtl_memory mem) {
+static bool dtl__chunk_all_to_all(dtl__ex_step *e, int nd, int i, int j, int g, size_t es, dtl_memory mem, bool displs) {
   if (mem != DTL_MEMORY_HOST || i == j) return false;
   int64_t parent[DTL_MAX_TENSOR_DIMS] = {0};
   size_t pcount = 1;
@@ -164,10 +164,13 @@ static bool dtl__chunk_all_to_all(dtl__ex_step *e, int nd, int i, int j, int g, 
   size_t row = pcount / (size_t)parent[c0], per = dtl__chunk_bytes / es / row;
   if (per < 1) per = 1;
   /* Only shards of 32 chunks or more (an average member's, from the group's box, so that all members agree).
-   * Chunking adds a pass (every piece is packed and unpacked) and a collective per chunk; it pays when the
-   * whole-shard temporary is large enough to cost page faults and cache misses on every call (measured on
-   * 2 ranks: 8 MiB shards ran slower chunked, 32 MiB shards 1.3-1.8x faster). The chunk regions then stay
-   * far inside the unchunked temporary. */
+   * On a plain transport chunking adds a pass (every piece is packed and unpacked) and a collective per chunk;
+   * it pays when the whole-shard temporary is large enough to cost page faults and cache misses on every call
+   * (measured on 2 ranks: 8 MiB shards ran slower chunked, 32 MiB shards 1.3-1.8x faster). The chunk regions
+   * then stay far inside the unchunked temporary. On a transport with all_to_allv_displs (displs) a chunk packs
+   * only a side the step scatters and moves the other in place, so chunking adds no pass there; yet from
+   * smaller shards (4-16 MiB on 2 and 4 ranks) it gained little on a quiet machine, and every chunk is one more
+   * point where all members wait for each other, which cost more on a loaded one: the threshold stays. */
   if ((int64_t)per >= parent[c0] || pcount / (size_t)g < dtl__a2a_min_chunks * per * row) return false;
   e->cdim = c0;
   e->crows = (int64_t)per;
@@ -178,7 +181,14 @@ static bool dtl__chunk_all_to_all(dtl__ex_step *e, int nd, int i, int j, int g, 
   size_t send = per * in_row * (e->cmode == 2 ? (size_t)g : 1), recv = per * out_row * (e->cmode == 1 ? (size_t)g : 1);
   e->tsend = send < e->a ? send : e->a;
   e->t = e->tsend + (recv < e->b ? recv : e->b);
-  e->pack = e->unpack = true;
+  if (displs) {
+    /* Only a side the step scatters needs its region (chunk dim i leaves the receive side unscattered, j the
+     * send side): at most two chunks of this rank's rows in all. */
+    if (!e->pack) e->tsend = 0;
+    e->t = e->tsend + (e->unpack ? (recv < e->b ? recv : e->b) : 0);
+  } else {
+    e->pack = e->unpack = true;
+  }
   return true;
 }
 
@@ -188,6 +198,7 @@ static void dtl__analyze(const dtl_plan *p, dtl__ex_step *ex) {
   int nd = p->src.ndim;
   size_t es = dtl_dtype_size(p->src.dtype);
   dtl_memory mem = mesh->comm ? mesh->comm->ops->memory : DTL_MEMORY_HOST;
+  bool displs = mesh->comm && mesh->comm->ops->all_to_allv_displs;
   for (int k = 0; k < p->nsteps; k++) {
     const dtl__plan_step *s = &p->steps[k];
     dtl__ex_step *e = &ex[k];
@@ -228,7 +239,7 @@ static void dtl__analyze(const dtl_plan *p, dtl__ex_step *ex) {
         e->op = EX_ALL_TO_ALL;
         e->pack = !dtl__split_is_contiguous(nd, e->in_shape, to.dim);
         e->unpack = !dtl__split_is_contiguous(nd, e->out_shape, from.dim);
-        if (dtl__chunk_all_to_all(e, nd, from.dim, to.dim, mesh->shape[e->m], es, mem)) break;
+        if (dtl__chunk_all_to_all(e, nd, from.dim, to.dim, mesh->shape[e->m], es, mem, displs)) break;
         /* Both sides scattered: pack into the temporary, exchange into the output, copy that back into the
          * temporary and place it, so that one region of max(a, b) suffices. */
         e->t = e->pack && e->unpack ? (e->a > e->b ? e->a : e->b) : e->pack ? e->a : e->unpack ? e->b : 0;
@@ -762,7 +773,7 @@ static dtl_status dtl__run_all_to_all(const dtl__ex_ctx *x, const dtl__plan_step
     if (e->crows && e->cmode == 1 && ps[e->cdim] > rows) rows = ps[e->cdim];
   }
   if (total == 0) return DTL_OK; /* the group's box is empty on every member alike */
-  if (c->ops->all_to_allv_displs && scattered)
+  if (c->ops->all_to_allv_displs && (scattered || e->crows))
     return dtl__all_to_all_displs(x, s, e, c, rows, dtl__own_block(c, e->pack || e->unpack, in, out), in, out, tmp);
   if (e->crows) {
     /* Chunk by chunk through two chunk regions; equal blocks stay equal in every chunk (same clipping). */

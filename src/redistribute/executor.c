@@ -500,11 +500,11 @@ static dtl_status dtl__exchange_displs(dtl_comm *c, const void *send, const size
   return c->ops->all_to_allv_displs(c, send, sc, sd, recv, rc, rd, t);
 }
 
-/* Copies the part of box (shape, off) inside the step's input box from the input to the output. */
-static dtl_status dtl__copy_own(const dtl__ex_ctx *x, const dtl__ex_step *e, dtl_comm *c, const int64_t *shape,
-                                const int64_t *off, const void *in, void *out) {
+/* Copies the part of the step's input box that its output box keeps (an all-to-all's own piece) from the input
+ * to the output. */
+static dtl_status dtl__copy_own(const dtl__ex_ctx *x, const dtl__ex_step *e, dtl_comm *c, const void *in, void *out) {
   int64_t is[DTL_MAX_TENSOR_DIMS], io[DTL_MAX_TENSOR_DIMS], ri[DTL_MAX_TENSOR_DIMS], ro[DTL_MAX_TENSOR_DIMS];
-  if (!dtl__intersect(x->nd, e->in_shape, e->in_off, shape, off, is, io)) return DTL_OK;
+  if (!dtl__intersect(x->nd, e->in_shape, e->in_off, e->out_shape, e->out_off, is, io)) return DTL_OK;
   for (int d = 0; d < x->nd; d++) {
     ri[d] = io[d] - e->in_off[d];
     ro[d] = io[d] - e->out_off[d];
@@ -746,7 +746,7 @@ static dtl_status dtl__all_to_all_displs(const dtl__ex_ctx *x, const dtl__plan_s
     }
     DTL_TRY(dtl__a2a_unpack(x, s, e, c, r0, trecv, out));
   }
-  return self >= 0 ? dtl__copy_own(x, e, c, e->out_shape, e->out_off, in, out) : DTL_OK;
+  return self >= 0 ? dtl__copy_own(x, e, c, in, out) : DTL_OK;
 }
 
 static dtl_status dtl__run_all_to_all(const dtl__ex_ctx *x, const dtl__plan_step *s, const dtl__ex_step *e, dtl_comm *c,

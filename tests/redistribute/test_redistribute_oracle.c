@@ -218,13 +218,7 @@ int main(int argc, char **argv) {
    * the MPI transport, then on it without its optional entries (all_to_allv_displs). */
   static const size_t chunks[] = {0, 48};
   for (int pass = 0; pass < 4; pass++) {
-    int ci = pass % 2;
-    tu_plain_transport = pass >= 2;
-    dtl__executor_set_chunking(chunks[ci], chunks[ci] ? 2 : 0);
-    small_chunks = chunks[ci] != 0;
-    if (world_rank == 0 && pass)
-      printf("-- with %s chunks%s\n", chunks[ci] == 48 ? "48-byte" : chunks[ci] ? "256-byte" : "default",
-             tu_plain_transport ? ", plain transport" : "");
+    small_chunks = tu_begin_pass(pass, chunks, 2, world_rank) != 0;
     for (size_t i = 0; i < (size_t)tu_nmeshes; i++) {
       tu_mesh m;
       if (!tu_mesh_open_spec((int)i, &m)) continue;

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "dtl/mpi.h"
+#include "redistribute/redistribute_internal.h"
 
 long tu_failures;
 tu_alloc_stats tu_allocs;
@@ -518,4 +519,14 @@ int tu_finish(const char *name) {
   if (rank == 0) printf("%s: %s (%ld failed checks)\n", name, total ? "FAILED" : "passed", total);
   MPI_Finalize();
   return total ? 1 : 0;
+}
+
+size_t tu_begin_pass(int pass, const size_t *chunks, int nchunks, int world_rank) {
+  size_t chunk = chunks[pass % nchunks];
+  tu_plain_transport = pass >= nchunks;
+  dtl__executor_set_chunking(chunk, chunk ? 2 : 0);
+  if (world_rank == 0 && pass)
+    printf("-- with %s chunks%s\n", chunk == 48 ? "48-byte" : chunk ? "256-byte" : "default",
+           tu_plain_transport ? ", plain transport" : "");
+  return chunk;
 }

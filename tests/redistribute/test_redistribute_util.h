@@ -44,6 +44,10 @@ extern tu_alloc_stats tu_allocs;
 /* Meshes opened while this is set get the wrapped transport without its optional vtable entries (the
  * executor then takes the paths a transport without them, such as NCCL, takes). */
 extern bool tu_plain_transport;
+/* Pass `pass` of a test that sweeps executor chunk sizes chunks[0..nchunks) on the MPI transport and then
+ * again without its optional entries (the path NCCL takes): sets both, prints the pass on rank 0, and
+ * returns the chunk size in force (0 = the executor's default). */
+size_t tu_begin_pass(int pass, const size_t *chunks, int nchunks, int world_rank);
 
 /* Deterministic 64-bit mixing and a small PRNG. */
 uint64_t tu_hash(uint64_t a, uint64_t b);

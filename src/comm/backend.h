@@ -1,29 +1,19 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* This file is private to dtl. It defines the one interface every transport fills (src/comm/mpi.c,
- * src/comm/nccl.c) and the memory operations the layers above use on that transport's memory. The public
- * entry points in comm.c validate arguments once, then call the vtable, which may assume valid input. */
+ * src/comm/nccl.c). Memory operations are not the transport's: a communicator carries the memory interface
+ * (memory.h) of its engine's buffers. The public entry points in comm.c validate arguments once, then call
+ * the vtable, which may assume valid input. */
 #ifndef DTL_COMM_BACKEND_H
 #define DTL_COMM_BACKEND_H
 
-#include "common/internal.h"
+#include "comm/memory.h"
 
 #ifdef __cplusplus
 extern "C" { /* device_memory.cu includes this file */
 #endif
 
-/* An N-d sub-box copy between two row-major arrays: dst[dst_off + i] = src[src_off + i] for every index i
- * inside extent. Both arrays have ndim dims. Used for pack/unpack, local slicing and layout conversion. */
-typedef struct {
-  int ndim;
-  size_t elem_size;
-  int64_t extent[DTL_MAX_TENSOR_DIMS];
-  int64_t src_shape[DTL_MAX_TENSOR_DIMS], src_off[DTL_MAX_TENSOR_DIMS];
-  int64_t dst_shape[DTL_MAX_TENSOR_DIMS], dst_off[DTL_MAX_TENSOR_DIMS];
-} dtl__box_copy;
-
 typedef struct dtl__comm_ops {
   const char *name; /* "mpi", "nccl" */
-  dtl_memory memory;
 
   /* Collectives. Counts are elements; displacement-free forms are packed in rank order. */
   dtl_status (*broadcast)(dtl_comm *c, void *buf, size_t count, dtl_dtype t, int root);
@@ -75,21 +65,13 @@ typedef struct dtl__comm_ops {
   dtl_status (*abort)(dtl_comm *c);
   void (*destroy)(dtl_comm *c);
 
-  /* Memory of this transport (host: malloc/memcpy; device: cudaMalloc/kernels on the comm's stream). */
-  dtl_status (*mem_alloc)(dtl_comm *c, size_t bytes, void **out);
-  void (*mem_free)(dtl_comm *c, void *p);
-  dtl_status (*mem_copy)(dtl_comm *c, void *dst, const void *src, size_t bytes);
-  dtl_status (*mem_set)(dtl_comm *c, void *dst, int byte, size_t bytes);
-  /* Fills count elements with the identity of op (0 for sum/avg, 1 for prod, -inf/+inf or the extreme
-   * integer for max/min). */
-  dtl_status (*mem_fill_identity)(dtl_comm *c, void *dst, size_t count, dtl_dtype t, dtl_reduce_op op);
-  dtl_status (*copy_box)(dtl_comm *c, const void *src, void *dst, const dtl__box_copy *box);
   /* Waits until all work enqueued on the communicator is done (no-op on MPI). */
   dtl_status (*synchronize)(dtl_comm *c);
 } dtl__comm_ops;
 
 struct dtl_comm {
   const dtl__comm_ops *ops;
+  dtl__mem mem; /* the memory of this engine's buffers */
   int rank, size;
   bool aborted;
   void *impl; /* the backend's state */
@@ -108,12 +90,8 @@ static inline bool dtl__overlap(const void *a, size_t a_bytes, const void *b, si
   return a_bytes && b_bytes && (uintptr_t)a < (uintptr_t)b + b_bytes && (uintptr_t)b < (uintptr_t)a + a_bytes;
 }
 
-/* Host implementations shared by every transport whose memory the CPU can address. */
-dtl_status dtl__host_copy_box(const void *src, void *dst, const dtl__box_copy *box);
-dtl_status dtl__host_fill_identity(void *dst, size_t count, dtl_dtype t, dtl_reduce_op op);
-
-/* Allocates a dtl_comm around impl (the backend fills the rest). */
-dtl_status dtl__comm_new(const dtl__comm_ops *ops, int rank, int size, void *impl, dtl_comm **out);
+/* Allocates a dtl_comm around impl whose buffers live in mem (the backend fills the rest). */
+dtl_status dtl__comm_new(const dtl__comm_ops *ops, dtl__mem mem, int rank, int size, void *impl, dtl_comm **out);
 
 #ifdef __cplusplus
 }

@@ -4,10 +4,11 @@
 #include <stdlib.h>
 #include "comm/backend.h"
 
-dtl_status dtl__comm_new(const dtl__comm_ops *ops, int rank, int size, void *impl, dtl_comm **out) {
-  dtl_comm *c = calloc(1, sizeof *c);
+dtl_status dtl__comm_new(const dtl__comm_ops *ops, dtl__mem mem, int rank, int size, void *impl, dtl_comm **out) {
+  dtl_comm *c = dtl__calloc(1, sizeof *c);
   if (!c) return dtl__error(DTL_ERR_OUT_OF_MEMORY, "dtl_comm: out of host memory");
   c->ops = ops;
+  c->mem = mem;
   c->rank = rank;
   c->size = size;
   c->impl = impl;
@@ -17,13 +18,13 @@ dtl_status dtl__comm_new(const dtl__comm_ops *ops, int rank, int size, void *imp
 
 int dtl_comm_rank(const dtl_comm *c) { return c ? c->rank : -1; }
 int dtl_comm_size(const dtl_comm *c) { return c ? c->size : -1; }
-dtl_memory dtl_comm_memory(const dtl_comm *c) { return c ? c->ops->memory : DTL_MEMORY_HOST; }
+dtl_memory dtl_comm_memory(const dtl_comm *c) { return c ? c->mem.ops->memory : DTL_MEMORY_HOST; }
 const char *dtl_comm_backend_name(const dtl_comm *c) { return c ? c->ops->name : "none"; }
 
 void dtl_comm_destroy(dtl_comm *c) {
   if (!c) return;
   c->ops->destroy(c);
-  free(c);
+  dtl__free(c);
 }
 
 /* Checks shared by every call: a live communicator, a valid dtype and (optionally) op. */

@@ -7,11 +7,16 @@
 #define DTL_DEVICE_MEMORY_H
 
 #include <cuda_runtime.h>
-#include "comm/backend.h"
+#include "comm/memory.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* Makes device current for a call (*prev gets the device to restore, -1 when none) and restores it,
+ * returning st, so every CUDA call of dtl runs on its memory's device whatever the caller's current one. */
+dtl_status dtl__cuda_device_enter(int device, const char *fn, int *prev);
+dtl_status dtl__cuda_device_leave(int prev, dtl_status st);
 
 /* Records "fn: CUDA error <code> (<name>): <description>" and returns DTL_ERR_CUDA. */
 dtl_status dtl__cuda_error(const char *fn, cudaError_t e);

@@ -1,10 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Host-memory kernels behind the transports' memory ops: N-d box copies (the single pack/unpack pass of
- * redistribution) and filling with a reduction's identity. */
+/* Host memory (memory.h): malloc through the library's allocator, memmove, N-d box copies (the single
+ * pack/unpack pass of redistribution) and filling with a reduction's identity. */
 #include <float.h>
 #include <math.h>
 #include <string.h>
-#include "comm/backend.h"
+#include "comm/memory.h"
 #include "common/half.h"
 
 /* Merges trailing dims that are whole in both arrays, so the innermost memcpy is as long as possible. */
@@ -85,3 +85,43 @@ dtl_status dtl__host_fill_identity(void *dst, size_t count, dtl_dtype t, dtl_red
   }
   return DTL_OK;
 }
+
+static dtl_status dtl__host_alloc(const dtl__mem *m, size_t bytes, void **out) {
+  (void)m;
+  void *p = dtl__malloc(bytes);
+  if (!p) return dtl__error(DTL_ERR_OUT_OF_MEMORY, "dtl: cannot allocate %zu bytes of host memory", bytes);
+  *out = p;
+  return DTL_OK;
+}
+
+static void dtl__host_free(const dtl__mem *m, void *p) {
+  (void)m;
+  dtl__free(p);
+}
+
+static dtl_status dtl__host_copy(const dtl__mem *m, void *dst, const void *src, size_t bytes) {
+  (void)m;
+  if (bytes) memmove(dst, src, bytes);
+  return DTL_OK;
+}
+
+static dtl_status dtl__host_set(const dtl__mem *m, void *dst, int byte, size_t bytes) {
+  (void)m;
+  if (bytes) memset(dst, byte, bytes);
+  return DTL_OK;
+}
+
+static dtl_status dtl__host_fill(const dtl__mem *m, void *dst, size_t count, dtl_dtype t, dtl_reduce_op op) {
+  (void)m;
+  return dtl__host_fill_identity(dst, count, t, op);
+}
+
+static dtl_status dtl__host_box(const dtl__mem *m, const void *src, void *dst, const dtl__box_copy *box) {
+  (void)m;
+  return dtl__host_copy_box(src, dst, box);
+}
+
+const dtl__mem_ops dtl__host_mem_ops = {
+    .name = "host", .memory = DTL_MEMORY_HOST, .alloc = dtl__host_alloc, .free = dtl__host_free,
+    .copy = dtl__host_copy, .set = dtl__host_set, .fill_identity = dtl__host_fill, .copy_box = dtl__host_box,
+};

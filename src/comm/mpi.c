@@ -118,13 +118,13 @@ static void dtl__mpi_avg_after(dtl__mpi_call *k, dtl_reduce_op op, void *buf, si
 /* Concludes the MPI call that returned rc: a blocking call is finished here, a nonblocking one in wait. */
 static dtl_status dtl__mpi_issued(dtl__mpi_call *k, int rc) {
   if (rc != MPI_SUCCESS) {
-    free(k->counts);
+    dtl__free(k->counts);
     k->counts = NULL;
     return dtl__mpi_error(k->fn, rc);
   }
   if (!k->nonblocking) {
     dtl__mpi_after(k);
-    free(k->counts);
+    dtl__free(k->counts);
     k->counts = NULL;
   }
   return DTL_OK;
@@ -144,7 +144,7 @@ static dtl_status dtl__int_counts(dtl__mpi_call *k, const dtl_comm *c, const cha
                                   int **out_displs) {
   size_t n = (size_t)c->size;
   if (!k->counts) {
-    k->counts = malloc(sizeof(int) * n * 4);
+    k->counts = dtl__malloc(sizeof(int) * n * 4);
     if (!k->counts) return dtl__error(DTL_ERR_OUT_OF_MEMORY, "%s: out of host memory", k->fn);
   }
   int *ic = k->counts + (size_t)slot * 2 * n, *id = ic + n;
@@ -152,7 +152,7 @@ static dtl_status dtl__int_counts(dtl__mpi_call *k, const dtl_comm *c, const cha
   for (int i = 0; i < c->size; i++) {
     if (displs) off = displs[i];
     if (counts[i] > (size_t)INT_MAX || off > (size_t)INT_MAX) {
-      free(k->counts);
+      dtl__free(k->counts);
       k->counts = NULL;
       if (displs && counts[i] <= (size_t)INT_MAX)
         return dtl__error(DTL_ERR_UNSUPPORTED, "%s: %s[%d]=%zu exceeds INT_MAX, the largest displacement one MPI call "
@@ -376,7 +376,7 @@ typedef struct {
 } dtl__mpi_request;
 
 static dtl_status dtl__mpi_request_new(dtl_comm *c, const char *fn, dtl__mpi_request **out) {
-  dtl__mpi_request *r = calloc(1, sizeof *r);
+  dtl__mpi_request *r = dtl__calloc(1, sizeof *r);
   if (!r) return dtl__error(DTL_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
   r->base.comm = c;
   r->call.fn = fn;
@@ -389,7 +389,7 @@ static dtl_status dtl__mpi_request_new(dtl_comm *c, const char *fn, dtl__mpi_req
 /* Hands the started request out, or frees it when the start failed. */
 static dtl_status dtl__mpi_started(dtl__mpi_request *r, dtl_status st, dtl_request **out) {
   if (st != DTL_OK) {
-    free(r);
+    dtl__free(r);
     return st;
   }
   *out = &r->base;
@@ -440,8 +440,8 @@ static dtl_status mpi_wait(dtl_request *req) {
   dtl_status st = DTL_OK;
   if (rc == MPI_SUCCESS) dtl__mpi_after(&r->call);
   else st = dtl__mpi_error(r->call.fn, rc);
-  free(r->call.counts);
-  free(r);
+  dtl__free(r->call.counts);
+  dtl__free(r);
   return st;
 }
 
@@ -489,7 +489,7 @@ static void dtl__mpi_free(dtl__mpi *m) {
         if (m->half_op[k][j] != MPI_OP_NULL) MPI_Op_free(&m->half_op[k][j]);
     if (m->comm != MPI_COMM_NULL) MPI_Comm_free(&m->comm);
   }
-  free(m);
+  dtl__free(m);
 }
 
 static dtl_status dtl__comm_wrap_mpi(MPI_Comm dup, dtl_comm **out);
@@ -512,39 +512,13 @@ static dtl_status mpi_abort(dtl_comm *c) {
 
 static void mpi_destroy(dtl_comm *c) { dtl__mpi_free(dtl__mpi_of(c)); }
 
-static dtl_status mpi_mem_alloc(dtl_comm *c, size_t bytes, void **out) {
-  (void)c;
-  void *p = malloc(bytes ? bytes : 1);
-  if (!p) return dtl__error(DTL_ERR_OUT_OF_MEMORY, "dtl: cannot allocate %zu bytes of host memory", bytes);
-  *out = p;
-  return DTL_OK;
-}
-static void mpi_mem_free(dtl_comm *c, void *p) { (void)c; free(p); }
-static dtl_status mpi_mem_copy(dtl_comm *c, void *dst, const void *src, size_t bytes) {
-  (void)c;
-  if (bytes) memmove(dst, src, bytes);
-  return DTL_OK;
-}
-static dtl_status mpi_mem_set(dtl_comm *c, void *dst, int byte, size_t bytes) {
-  (void)c;
-  if (bytes) memset(dst, byte, bytes);
-  return DTL_OK;
-}
-static dtl_status mpi_fill_identity(dtl_comm *c, void *dst, size_t count, dtl_dtype t, dtl_reduce_op op) {
-  (void)c;
-  return dtl__host_fill_identity(dst, count, t, op);
-}
-static dtl_status mpi_copy_box(dtl_comm *c, const void *src, void *dst, const dtl__box_copy *box) {
-  (void)c;
-  return dtl__host_copy_box(src, dst, box);
-}
 static dtl_status mpi_synchronize(dtl_comm *c) {
   (void)c;
   return DTL_OK;
 }
 
 static const dtl__comm_ops dtl__mpi_ops = {
-    .name = "mpi", .memory = DTL_MEMORY_HOST,
+    .name = "mpi",
     .broadcast = mpi_broadcast, .scatter = mpi_scatter, .gather = mpi_gather, .reduce = mpi_reduce,
     .all_gather = mpi_all_gather, .all_gatherv = mpi_all_gatherv, .all_reduce = mpi_all_reduce,
     .reduce_scatter = mpi_reduce_scatter, .reduce_scatterv = mpi_reduce_scatterv, .all_to_all = mpi_all_to_all,
@@ -555,15 +529,14 @@ static const dtl__comm_ops dtl__mpi_ops = {
     .all_to_all_async = mpi_all_to_all_async, .all_to_allv_async = mpi_all_to_allv_async,
     .wait = mpi_wait, .test = mpi_test,
     .split = mpi_split, .check = mpi_check, .abort = mpi_abort, .destroy = mpi_destroy,
-    .mem_alloc = mpi_mem_alloc, .mem_free = mpi_mem_free, .mem_copy = mpi_mem_copy, .mem_set = mpi_mem_set,
-    .mem_fill_identity = mpi_fill_identity, .copy_box = mpi_copy_box, .synchronize = mpi_synchronize,
+    .synchronize = mpi_synchronize,
 };
 
 /* Takes ownership of dup (an MPI communicator dtl alone uses). */
 static dtl_status dtl__comm_wrap_mpi(MPI_Comm dup, dtl_comm **out) {
   static MPI_User_function *const fns[2][4] = {{dtl__f16_sum, dtl__f16_prod, dtl__f16_max, dtl__f16_min},
                                                {dtl__bf16_sum, dtl__bf16_prod, dtl__bf16_max, dtl__bf16_min}};
-  dtl__mpi *m = calloc(1, sizeof *m);
+  dtl__mpi *m = dtl__calloc(1, sizeof *m);
   if (!m) {
     MPI_Comm_free(&dup);
     return dtl__error(DTL_ERR_OUT_OF_MEMORY, "dtl_comm_from_mpi: out of host memory");
@@ -581,7 +554,7 @@ static dtl_status dtl__comm_wrap_mpi(MPI_Comm dup, dtl_comm **out) {
     dtl__mpi_free(m);
     return dtl__mpi_error("dtl_comm_from_mpi", rc);
   }
-  dtl_status st = dtl__comm_new(&dtl__mpi_ops, rank, size, m, out);
+  dtl_status st = dtl__comm_new(&dtl__mpi_ops, dtl__mem_host(), rank, size, m, out);
   if (st != DTL_OK) dtl__mpi_free(m);
   return st;
 }

@@ -61,28 +61,17 @@ static dtl_status dtl__nccl_poll(dtl_comm *c, const char *fn) {
   return state == ncclSuccess ? DTL_OK : dtl__nccl_fail_as(comm, fn, "asynchronous ", state);
 }
 
-/* Kernels, allocations and copies must run with the stream's device current; dtl restores the caller's
- * device on return. prev_device < 0: nothing to restore. */
+/* Kernels and NCCL calls run with the stream's device current; dtl restores the caller's device on return.
+ * prev_device < 0: nothing to restore. */
 typedef struct {
   int prev_device;
 } dtl__nccl_scope;
 
 static dtl_status dtl__nccl_device_enter(dtl_comm *c, const char *fn, dtl__nccl_scope *s) {
-  int cur = -1, want = dtl__nccl_of(c)->device;
-  s->prev_device = -1;
-  cudaError_t e = cudaGetDevice(&cur);
-  if (e != cudaSuccess) return dtl__cuda_error(fn, e);
-  if (cur == want) return DTL_OK;
-  e = cudaSetDevice(want);
-  if (e != cudaSuccess) return dtl__cuda_error(fn, e);
-  s->prev_device = cur;
-  return DTL_OK;
+  return dtl__cuda_device_enter(dtl__nccl_of(c)->device, fn, &s->prev_device);
 }
 
-static dtl_status dtl__nccl_leave(dtl__nccl_scope *s, dtl_status st) {
-  if (s->prev_device >= 0) cudaSetDevice(s->prev_device);
-  return st;
-}
+static dtl_status dtl__nccl_leave(dtl__nccl_scope *s, dtl_status st) { return dtl__cuda_device_leave(s->prev_device, st); }
 
 /* The prologue of every communicating call: poll async errors, then make the comm's device current. */
 static dtl_status dtl__nccl_begin(dtl_comm *c, const char *fn, dtl__nccl_scope *s) {
@@ -431,11 +420,11 @@ static void dtl__nccl_free(dtl__nccl *n) {
     cudaFree(n->barrier_word);
     if (cur >= 0 && cur != n->device) cudaSetDevice(cur);
   }
-  free(n->send_ptr);
-  free(n->recv_ptr);
-  free(n->send_count);
-  free(n->recv_count);
-  free(n);
+  dtl__free(n->send_ptr);
+  dtl__free(n->recv_ptr);
+  dtl__free(n->send_count);
+  dtl__free(n->recv_count);
+  dtl__free(n);
 }
 
 /* Takes ownership of comm when owns_comm (it is destroyed here on failure). */
@@ -448,12 +437,12 @@ static dtl_status dtl__comm_wrap_nccl(const char *fn, ncclComm_t comm, cudaStrea
   dtl__nccl *n = NULL;
   dtl_status st = r == ncclSuccess ? DTL_OK : dtl__nccl_fail(comm, fn, r);
   if (st == DTL_OK) {
-    n = calloc(1, sizeof *n);
+    n = dtl__calloc(1, sizeof *n);
     if (n) {
-      n->send_ptr = calloc((size_t)size, sizeof *n->send_ptr);
-      n->recv_ptr = calloc((size_t)size, sizeof *n->recv_ptr);
-      n->send_count = calloc((size_t)size, sizeof *n->send_count);
-      n->recv_count = calloc((size_t)size, sizeof *n->recv_count);
+      n->send_ptr = dtl__calloc((size_t)size, sizeof *n->send_ptr);
+      n->recv_ptr = dtl__calloc((size_t)size, sizeof *n->recv_ptr);
+      n->send_count = dtl__calloc((size_t)size, sizeof *n->send_count);
+      n->recv_count = dtl__calloc((size_t)size, sizeof *n->recv_count);
     }
     if (!n || !n->send_ptr || !n->recv_ptr || !n->send_count || !n->recv_count)
       st = dtl__error(DTL_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
@@ -471,7 +460,7 @@ static dtl_status dtl__comm_wrap_nccl(const char *fn, ncclComm_t comm, cudaStrea
     if (cur >= 0 && cur != device) cudaSetDevice(cur);
     if (e != cudaSuccess) st = dtl__cuda_error(fn, e);
   }
-  if (st == DTL_OK) st = dtl__comm_new(&dtl__nccl_ops, rank, size, n, out);
+  if (st == DTL_OK) st = dtl__comm_new(&dtl__nccl_ops, (dtl__mem){&dtl__cuda_mem_ops, device, stream}, rank, size, n, out);
   if (st != DTL_OK) {
     dtl__nccl_free(n);
     if (owns_comm) ncclCommDestroy(comm);
@@ -527,73 +516,6 @@ static void nccl_destroy(dtl_comm *c) {
   dtl__nccl_free(n);
 }
 
-/* --- device memory ------------------------------------------------------------------------------------- */
-/* Stream-ordered allocations from the device's default memory pool: a temporary buffer allocated, used
- * and freed on the comm's stream costs no device-wide synchronization (cudaFree would). */
-static dtl_status nccl_mem_alloc(dtl_comm *c, size_t bytes, void **out) {
-  static const char fn[] = "dtl mem_alloc";
-  dtl__nccl_scope s;
-  DTL_TRY(dtl__nccl_device_enter(c, fn, &s));
-  void *p = NULL;
-  cudaError_t e = cudaMallocAsync(&p, bytes ? bytes : 1, dtl__nccl_of(c)->stream);
-  if (e == cudaErrorMemoryAllocation)
-    return dtl__nccl_leave(&s, dtl__error(DTL_ERR_OUT_OF_MEMORY, "%s: cannot allocate %zu bytes of device memory", fn, bytes));
-  if (e != cudaSuccess) return dtl__nccl_leave(&s, dtl__cuda_error(fn, e));
-  *out = p;
-  return dtl__nccl_leave(&s, DTL_OK);
-}
-
-static void nccl_mem_free(dtl_comm *c, void *p) {
-  if (!p) return;
-  dtl__nccl_scope s;
-  if (dtl__nccl_device_enter(c, "dtl mem_free", &s) != DTL_OK) return;
-  cudaFreeAsync(p, dtl__nccl_of(c)->stream);
-  dtl__nccl_leave(&s, DTL_OK);
-}
-
-/* memmove semantics: overlapping ranges go through a temporary buffer (cudaMemcpy does not allow overlap). */
-static dtl_status nccl_mem_copy(dtl_comm *c, void *dst, const void *src, size_t bytes) {
-  static const char fn[] = "dtl mem_copy";
-  if (bytes == 0 || dst == src) return DTL_OK;
-  dtl__nccl_scope s;
-  DTL_TRY(dtl__nccl_device_enter(c, fn, &s));
-  cudaStream_t stream = dtl__nccl_of(c)->stream;
-  const char *d = dst, *sp = src;
-  dtl_status st;
-  if (d < sp + bytes && sp < d + bytes) {
-    void *tmp = NULL;
-    st = nccl_mem_alloc(c, bytes, &tmp);
-    if (st == DTL_OK) {
-      st = dtl__cuda_call(fn, cudaMemcpyAsync(tmp, src, bytes, cudaMemcpyDefault, stream));
-      if (st == DTL_OK) st = dtl__cuda_call(fn, cudaMemcpyAsync(dst, tmp, bytes, cudaMemcpyDefault, stream));
-      nccl_mem_free(c, tmp);
-    }
-  } else {
-    st = dtl__cuda_call(fn, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream));
-  }
-  return dtl__nccl_leave(&s, st);
-}
-
-static dtl_status nccl_mem_set(dtl_comm *c, void *dst, int byte, size_t bytes) {
-  static const char fn[] = "dtl mem_set";
-  if (bytes == 0) return DTL_OK;
-  dtl__nccl_scope s;
-  DTL_TRY(dtl__nccl_device_enter(c, fn, &s));
-  return dtl__nccl_leave(&s, dtl__cuda_call(fn, cudaMemsetAsync(dst, byte, bytes, dtl__nccl_of(c)->stream)));
-}
-
-static dtl_status nccl_fill_identity(dtl_comm *c, void *dst, size_t count, dtl_dtype t, dtl_reduce_op op) {
-  dtl__nccl_scope s;
-  DTL_TRY(dtl__nccl_device_enter(c, "dtl fill_identity", &s));
-  return dtl__nccl_leave(&s, dtl__cuda_fill_identity(dst, count, t, op, dtl__nccl_of(c)->stream));
-}
-
-static dtl_status nccl_copy_box(dtl_comm *c, const void *src, void *dst, const dtl__box_copy *box) {
-  dtl__nccl_scope s;
-  DTL_TRY(dtl__nccl_device_enter(c, "dtl copy_box", &s));
-  return dtl__nccl_leave(&s, dtl__cuda_copy_box(src, dst, box, dtl__nccl_of(c)->stream));
-}
-
 static dtl_status nccl_synchronize(dtl_comm *c) {
   static const char fn[] = "dtl synchronize";
   if (dtl__nccl_of(c)->comm) DTL_TRY(dtl__nccl_poll(c, fn));
@@ -601,14 +523,13 @@ static dtl_status nccl_synchronize(dtl_comm *c) {
 }
 
 static const dtl__comm_ops dtl__nccl_ops = {
-    .name = "nccl", .memory = DTL_MEMORY_DEVICE,
+    .name = "nccl",
     .broadcast = nccl_broadcast, .scatter = nccl_scatter, .gather = nccl_gather, .reduce = nccl_reduce,
     .all_gather = nccl_all_gather, .all_gatherv = nccl_all_gatherv, .all_reduce = nccl_all_reduce,
     .reduce_scatter = nccl_reduce_scatter, .reduce_scatterv = nccl_reduce_scatterv, .all_to_all = nccl_all_to_all,
     .all_to_allv = nccl_all_to_allv, .send = nccl_send, .recv = nccl_recv, .barrier = nccl_barrier,
     .split = nccl_split, .check = nccl_check, .abort = nccl_abort, .destroy = nccl_destroy,
-    .mem_alloc = nccl_mem_alloc, .mem_free = nccl_mem_free, .mem_copy = nccl_mem_copy, .mem_set = nccl_mem_set,
-    .mem_fill_identity = nccl_fill_identity, .copy_box = nccl_copy_box, .synchronize = nccl_synchronize,
+    .synchronize = nccl_synchronize,
 };
 
 /* --- public -------------------------------------------------------------------------------------------- */

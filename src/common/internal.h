@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include <stddef.h>
 #include "dtl.h"
+#include "common/alloc.h"
 
 #ifdef __cplusplus
 extern "C" { /* device_memory.cu includes this file */

@@ -99,7 +99,7 @@ dtl_status dtl_layout_create(const dtl_mesh *m, dtl_dtype t, int ndim, const int
   DTL_CHECK_ARG(out != NULL, fn, "out=NULL");
   dtl_layout tmp;
   DTL_TRY(dtl__layout_init(&tmp, fn, m, t, ndim, global_shape, placements));
-  dtl_layout *l = malloc(sizeof *l);
+  dtl_layout *l = dtl__malloc(sizeof *l);
   if (!l) return dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory");
   *l = tmp;
   *out = l;
@@ -148,7 +148,7 @@ void dtl_layout_placements(const dtl_layout *l, dtl_placement *out) {
   for (int md = 0; md < l->mesh->ndim; md++) out[md] = l->placements[md];
 }
 
-void dtl_layout_destroy(dtl_layout *l) { free(l); }
+void dtl_layout_destroy(dtl_layout *l) { dtl__free(l); }
 
 /* FNV-1a over the fields that define a layout. The mesh enters by its shape only (not its address), so
  * that every rank computes the same hash for a DTL_CHECK fingerprint; equality also compares identity. */

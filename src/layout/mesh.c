@@ -40,7 +40,7 @@ dtl_status dtl_mesh_create_abstract(int ndim, const int *shape, const int *coord
   DTL_TRY(dtl__mesh_check_shape(fn, ndim, shape, &prod));
   for (int d = 0; coord && d < ndim; d++)
     DTL_CHECK_ARG(coord[d] >= 0 && coord[d] < shape[d], fn, "coord[%d]=%d (expected 0..%d)", d, coord[d], shape[d] - 1);
-  dtl_mesh *m = calloc(1, sizeof *m);
+  dtl_mesh *m = dtl__calloc(1, sizeof *m);
   if (!m) return dtl__error(DTL_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
   m->ndim = ndim;
   m->size = (int)prod;
@@ -65,7 +65,7 @@ dtl_status dtl_mesh_create(dtl_comm *c, int ndim, const int *shape, dtl_mesh **o
     return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "shape=%s has %lld ranks but the communicator has %d",
                          dtl__mesh_shape_text(ndim, shape, txt), (long long)prod, dtl_comm_size(c));
   }
-  dtl_mesh *m = calloc(1, sizeof *m);
+  dtl_mesh *m = dtl__calloc(1, sizeof *m);
   if (!m) return dtl__error(DTL_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
   m->comm = c;
   m->size = (int)prod;
@@ -126,5 +126,5 @@ void dtl_mesh_destroy(dtl_mesh *m) {
   if (!m) return;
   if (m->cache && m->cache_free) m->cache_free(m->cache);
   for (int d = 0; d < m->ndim; d++) dtl_comm_destroy(m->dim_comm[d]);
-  free(m);
+  dtl__free(m);
 }

@@ -32,7 +32,7 @@ static void dtl__put(dtl__text *t, const char *fmt, ...) {
     }
     size_t want = t->len + (size_t)n + 1, cap = t->cap ? t->cap : 256;
     while (cap < want) cap *= 2;
-    char *s = realloc(t->s, cap);
+    char *s = dtl__realloc(t->s, cap);
     if (!s) break;
     t->s = s;
     t->cap = cap;
@@ -61,7 +61,7 @@ static dtl_status dtl__text_deliver(const char *fn, dtl__text *t, char *buf, siz
   if (t->oom) st = dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory");
   else if (t->len + 1 > cap) st = dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "cap=%zu is too small (%zu bytes needed)", cap, t->len + 1);
   else memcpy(buf, t->s, t->len + 1);
-  free(t->s);
+  dtl__free(t->s);
   return st;
 }
 
@@ -189,8 +189,8 @@ static dtl_status dtl__check_drawable(const char *fn, const dtl_layout *l) {
 static dtl_status dtl__draw(const char *fn, const dtl_layout *l, dtl__text *t) {
   const dtl_mesh *m = l->mesh;
   const int nd = l->ndim;
-  dtl__holders *h = malloc(sizeof *h * (size_t)m->size);
-  dtl__range *rows = malloc(sizeof *rows * (size_t)m->size), *cols = malloc(sizeof *cols * (size_t)m->size);
+  dtl__holders *h = dtl__malloc(sizeof *h * (size_t)m->size);
+  dtl__range *rows = dtl__malloc(sizeof *rows * (size_t)m->size), *cols = dtl__malloc(sizeof *cols * (size_t)m->size);
   int *grid = NULL;
   size_t *w = NULL;
   dtl__text labels = {0};
@@ -236,8 +236,8 @@ static dtl_status dtl__draw(const char *fn, const dtl_layout *l, dtl__text *t) {
     st = dtl__error_fn(DTL_ERR_INTERNAL, fn, "%d non-empty blocks do not form a %dx%d grid", nh - nempty, nrows, ncols);
     goto done;
   }
-  grid = malloc(sizeof *grid * ((size_t)nrows * (size_t)ncols + 1));
-  w = calloc((size_t)ncols + 1, sizeof *w);
+  grid = dtl__malloc(sizeof *grid * ((size_t)nrows * (size_t)ncols + 1));
+  w = dtl__calloc((size_t)ncols + 1, sizeof *w);
   if (!grid || !w) goto oom;
   for (int i = 0; i < nrows * ncols; i++) grid[i] = -1;
   for (int i = 0; i < nh; i++) {
@@ -316,12 +316,12 @@ static dtl_status dtl__draw(const char *fn, const dtl_layout *l, dtl__text *t) {
 oom:
   st = dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory");
 done:
-  free(h);
-  free(rows);
-  free(cols);
-  free(grid);
-  free(w);
-  free(labels.s);
+  dtl__free(h);
+  dtl__free(rows);
+  dtl__free(cols);
+  dtl__free(grid);
+  dtl__free(w);
+  dtl__free(labels.s);
   return st;
 }
 
@@ -332,7 +332,7 @@ dtl_status dtl_layout_visualize(const dtl_layout *l, char *buf, size_t cap) {
   dtl__text t = {0};
   dtl_status st = dtl__draw(fn, l, &t);
   if (st != DTL_OK) {
-    free(t.s);
+    dtl__free(t.s);
     return st;
   }
   return dtl__text_deliver(fn, &t, buf, cap);
@@ -343,6 +343,6 @@ size_t dtl_layout_visualize_needed(const dtl_layout *l) {
   if (dtl__check_drawable(fn, l) != DTL_OK) return 0;
   dtl__text t = {0};
   size_t need = dtl__draw(fn, l, &t) == DTL_OK ? t.len + 1 : 0;
-  free(t.s);
+  dtl__free(t.s);
   return need;
 }

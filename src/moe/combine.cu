@@ -6,7 +6,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
-#include "dtl/nccl.h"
 extern "C" {
 #include "moe/moe_internal.h"
 }
@@ -65,7 +64,7 @@ dtl_status cuda_fail(const char *what, cudaError_t e) {
 
 /* Runs on the stream's device (made current for the call and restored after). */
 extern "C" dtl_status dtl__moe_combine_device(dtl_moe_layout *L, const void *expert_out, void *y) {
-  cudaStream_t stream = dtl_comm_nccl_stream(L->comm);
+  cudaStream_t stream = (cudaStream_t)L->comm->mem.stream;
   int dev = -1, cur = -1;
   cudaError_t e = cudaStreamGetDevice(stream, &dev);
   if (e == cudaSuccess) e = cudaGetDevice(&cur);
@@ -74,7 +73,7 @@ extern "C" dtl_status dtl__moe_combine_device(dtl_moe_layout *L, const void *exp
   size_t pairs = (size_t)(L->tokens * L->k);
   dtl_status st = DTL_OK;
   if (!L->device_map && pairs > 0) {
-    st = L->comm->ops->mem_alloc(L->comm, pairs * (sizeof(int64_t) + sizeof(float)), &L->device_map);
+    st = dtl__mem_alloc(&L->comm->mem, pairs * (sizeof(int64_t) + sizeof(float)), &L->device_map);
     if (st == DTL_OK) {
       char *m = (char *)L->device_map;
       e = cudaMemcpyAsync(m, L->slot_row, pairs * sizeof(int64_t), cudaMemcpyHostToDevice, stream);
@@ -100,6 +99,6 @@ extern "C" dtl_status dtl__moe_combine_device(dtl_moe_layout *L, const void *exp
 }
 
 extern "C" void dtl__moe_device_release(dtl_moe_layout *L) {
-  if (L->device_map) L->comm->ops->mem_free(L->comm, L->device_map);
+  if (L->device_map) dtl__mem_free(&L->comm->mem, L->device_map);
   L->device_map = NULL;
 }

@@ -51,7 +51,7 @@ dtl_status dtl_moe_layout_dispatch(dtl_moe_layout *L, const void *x, void *exper
   for (int j = 0; j < L->local_experts; j++) {
     int64_t pad = L->block_padded[j] - L->block_rows[j];
     if (pad > 0)
-      DTL_TRY(c->ops->mem_set(c, dtl__row(expert_in, L->block_off[j] + L->block_rows[j], rb), 0, (size_t)pad * rb));
+      DTL_TRY(dtl__mem_set(&c->mem, dtl__row(expert_in, L->block_off[j] + L->block_rows[j], rb), 0, (size_t)pad * rb));
   }
   /* The pack writes straight into the final order: remote rows into the send staging, this rank's own
    * rows into their expert block (they never pass through the all-to-all). */
@@ -59,7 +59,7 @@ dtl_status dtl_moe_layout_dispatch(dtl_moe_layout *L, const void *x, void *exper
     const dtl__moe_run *r = &L->pack[i];
     char *dst = r->dst < L->send_rows ? dtl__row(L->send_buf, r->dst, rb)
                                       : dtl__row(expert_in, r->dst - L->send_rows, rb);
-    DTL_TRY(c->ops->mem_copy(c, dst, dtl__row(x, r->src, rb), (size_t)r->n * rb));
+    DTL_TRY(dtl__mem_copy(&c->mem, dst, dtl__row(x, r->src, rb), (size_t)r->n * rb));
   }
   bool staged = L->exchange == DTL_MOE_EXCHANGE_SINGLE;
   void *region = staged ? L->recv_buf : expert_in;
@@ -68,7 +68,7 @@ dtl_status dtl_moe_layout_dispatch(dtl_moe_layout *L, const void *x, void *exper
                             dtl__row(region, L->recv_base[i], rb), L->recv_counts + (size_t)i * L->size, L->dtype));
   for (int64_t i = 0; i < L->nregroup; i++) {
     const dtl__moe_run *r = &L->regroup[i];
-    DTL_TRY(c->ops->mem_copy(c, dtl__row(expert_in, r->dst, rb), dtl__row(L->recv_buf, r->src, rb), (size_t)r->n * rb));
+    DTL_TRY(dtl__mem_copy(&c->mem, dtl__row(expert_in, r->dst, rb), dtl__row(L->recv_buf, r->src, rb), (size_t)r->n * rb));
   }
   return DTL_OK;
 }
@@ -125,11 +125,11 @@ static dtl_status dtl__combine_host(const dtl_moe_layout *L, const void *expert_
   const int64_t H = L->hidden;
   const int k = L->k;
   const size_t rb = L->row_bytes;
-  const void **in = malloc(sizeof(void *) * (size_t)k);
-  float *w = malloc(sizeof(float) * (size_t)k);
+  const void **in = dtl__malloc(sizeof(void *) * (size_t)k);
+  float *w = dtl__malloc(sizeof(float) * (size_t)k);
   if (!in || !w) {
-    free(in);
-    free(w);
+    dtl__free(in);
+    dtl__free(w);
     return dtl__error(DTL_ERR_OUT_OF_MEMORY, "dtl_moe_layout_combine: out of host memory");
   }
   for (int64_t t = 0; t < L->tokens; t++) {
@@ -152,8 +152,8 @@ static dtl_status dtl__combine_host(const dtl_moe_layout *L, const void *expert_
       default: DTL__WEIGHTED_SUM(uint16_t, float, dtl__bf16_to_f32, dtl__f32_to_bf16); break;
     }
   }
-  free(in);
-  free(w);
+  dtl__free(in);
+  dtl__free(w);
   return DTL_OK;
 }
 
@@ -170,14 +170,14 @@ dtl_status dtl_moe_layout_combine(dtl_moe_layout *L, const void *expert_out, voi
   bool staged = L->exchange == DTL_MOE_EXCHANGE_SINGLE;
   for (int64_t i = 0; i < L->nregroup; i++) {
     const dtl__moe_run *r = &L->regroup[i];
-    DTL_TRY(c->ops->mem_copy(c, dtl__row(L->recv_buf, r->src, rb), dtl__row(expert_out, r->dst, rb), (size_t)r->n * rb));
+    DTL_TRY(dtl__mem_copy(&c->mem, dtl__row(L->recv_buf, r->src, rb), dtl__row(expert_out, r->dst, rb), (size_t)r->n * rb));
   }
   const void *region = staged ? L->recv_buf : expert_out;
   for (int i = 0; i < L->calls; i++)
     DTL_TRY(dtl_all_to_allv(c, dtl__row(region, L->recv_base[i], rb), L->recv_counts + (size_t)i * L->size,
                             dtl__row(L->send_buf, L->send_base[i], rb), L->send_counts + (size_t)i * L->size,
                             L->dtype));
-  if (c->ops->memory == DTL_MEMORY_DEVICE) {
+  if (c->mem.ops->memory == DTL_MEMORY_DEVICE) {
 #if DTL_HAVE_NCCL
     return dtl__moe_combine_device(L, expert_out, y);
 #else

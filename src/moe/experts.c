@@ -1,11 +1,11 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Expert compute: the per-local-expert callback loop over a layout's expert blocks, and the ready SiLU-gated
- * MLP expert, whose matrix products go through the TP layers' GEMM (src/tp/gemm.h). */
+ * MLP expert, whose matrix products go through the shared GEMM (src/compute/gemm.h). */
 #include <stdint.h>
 #include <math.h>
 #include <stdlib.h>
 #include "moe/moe_internal.h"
-#include "tp/gemm.h"
+#include "compute/gemm.h"
 
 dtl_status dtl_moe_experts_run(const dtl_moe_layout *L, const void *expert_in, void *expert_out, dtl_moe_expert_fn fn,
                                void *user) {
@@ -24,7 +24,7 @@ dtl_status dtl_moe_experts_run(const dtl_moe_layout *L, const void *expert_in, v
         .rows_padded = L->block_padded[j],
         .hidden = L->hidden,
         .dtype = L->dtype,
-        .memory = L->comm->ops->memory,
+        .memory = L->comm->mem.ops->memory,
         .in = expert_in ? (const char *)expert_in + off : NULL,
         .out = expert_out ? (char *)expert_out + off : NULL,
     };
@@ -62,11 +62,11 @@ dtl_status dtl_moe_mlp_forward(const dtl_moe_expert_batch *b, void *user) {
   size_t cells;
   DTL_CHECK_ARG(dtl__mul_size((size_t)m, (size_t)f, &cells) && cells <= SIZE_MAX / sizeof(float), name,
                 "rows=%lld x ffn=%lld overflows", (long long)m, (long long)f);
-  float *gate = malloc(sizeof(float) * cells);
-  float *up = malloc(sizeof(float) * cells);
+  float *gate = dtl__malloc(sizeof(float) * cells);
+  float *up = dtl__malloc(sizeof(float) * cells);
   if (!gate || !up) {
-    free(gate);
-    free(up);
+    dtl__free(gate);
+    dtl__free(up);
     return dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, name, "out of host memory for %lld x %lld activations", (long long)m,
                          (long long)f);
   }
@@ -79,7 +79,7 @@ dtl_status dtl_moe_mlp_forward(const dtl_moe_expert_batch *b, void *user) {
     }
     st = dtl__moe_gemm_nt(m, h, f, gate, wd, b->out);
   }
-  free(gate);
-  free(up);
+  dtl__free(gate);
+  dtl__free(up);
   return st;
 }

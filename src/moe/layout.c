@@ -45,12 +45,12 @@ static dtl_status dtl__resolve_comms(dtl_comm *c, const dtl_moe_layout_params *p
   o->count_comm = c;
   if (prm && (prm->mask & DTL_MOE_LAYOUT_COUNT_COMM)) o->count_comm = prm->count_comm;
   dtl_comm *h = o->count_comm;
-  if (!h && c->ops->memory == DTL_MEMORY_DEVICE)
+  if (!h && c->mem.ops->memory == DTL_MEMORY_DEVICE)
     return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn,
                          "the communicator is on device memory (%s): params.count_comm must name a host (MPI) "
                          "communicator over the same ranks for the count exchange", c->ops->name);
   DTL_CHECK_ARG(h != NULL, fn, "params.count_comm=NULL");
-  if (h->ops->memory != DTL_MEMORY_HOST)
+  if (h->mem.ops->memory != DTL_MEMORY_HOST)
     return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "params.count_comm is a %s (device) communicator (expected a "
                          "host one)", h->ops->name);
   if (h->size != c->size || h->rank != c->rank)
@@ -129,23 +129,23 @@ void dtl_moe_layout_destroy(dtl_moe_layout *L) {
 #if DTL_HAVE_NCCL
   dtl__moe_device_release(L);
 #endif
-  if (L->send_buf) L->comm->ops->mem_free(L->comm, L->send_buf);
-  if (L->recv_buf) L->comm->ops->mem_free(L->comm, L->recv_buf);
-  free(L->local_ids);
-  free(L->kept);
-  free(L->dropped);
-  free(L->weights);
-  free(L->slot_row);
-  free(L->pack);
-  free(L->regroup);
-  free(L->block_off);
-  free(L->block_rows);
-  free(L->block_padded);
-  free(L->send_counts);
-  free(L->recv_counts);
-  free(L->send_base);
-  free(L->recv_base);
-  free(L);
+  if (L->send_buf) dtl__mem_free(&L->comm->mem, L->send_buf);
+  if (L->recv_buf) dtl__mem_free(&L->comm->mem, L->recv_buf);
+  dtl__free(L->local_ids);
+  dtl__free(L->kept);
+  dtl__free(L->dropped);
+  dtl__free(L->weights);
+  dtl__free(L->slot_row);
+  dtl__free(L->pack);
+  dtl__free(L->regroup);
+  dtl__free(L->block_off);
+  dtl__free(L->block_rows);
+  dtl__free(L->block_padded);
+  dtl__free(L->send_counts);
+  dtl__free(L->recv_counts);
+  dtl__free(L->send_base);
+  dtl__free(L->recv_base);
+  dtl__free(L);
 }
 
 static void dtl__agreement_fields(const dtl_moe_placement *p, int k, int64_t hidden, dtl_dtype dtype,
@@ -181,7 +181,7 @@ static int64_t dtl__nonce(const void *salt, int rank) {
 }
 
 static void *dtl__xcalloc(size_t n, size_t size, bool *ok) {
-  void *q = calloc(n ? n : 1, size);
+  void *q = dtl__calloc(n ? n : 1, size);
   if (!q) *ok = false;
   return q;
 }
@@ -206,7 +206,7 @@ static dtl_status dtl__build_maps(dtl_moe_layout *L, const dtl_moe_placement *p,
   if (L->exchange == DTL_MOE_EXCHANGE_SINGLE)
     L->regroup = dtl__xcalloc((size_t)P * (size_t)(nl ? nl : 1), sizeof(dtl__moe_run), &ok);
   if (!ok) {
-    free(seg_base);
+    dtl__free(seg_base);
     return dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory");
   }
   const int64_t H = L->hidden;
@@ -288,7 +288,7 @@ static dtl_status dtl__build_maps(dtl_moe_layout *L, const dtl_moe_placement *p,
         L->pack[L->npack++] = (dtl__moe_run){tok, dst, 1};
     }
   }
-  free(seg_base);
+  dtl__free(seg_base);
   return DTL_OK;
 }
 
@@ -303,7 +303,7 @@ dtl_status dtl_moe_layout_create(dtl_comm *c, const dtl_moe_placement *p, int64_
   /* 1. Local: validation, drops, the route and the send staging (all before the agreement, so that a
    * failure here reaches every rank). */
   dtl__moe_route route = {0};
-  dtl_moe_layout *L = calloc(1, sizeof *L);
+  dtl_moe_layout *L = dtl__calloc(1, sizeof *L);
   dtl_status local = L ? DTL_OK : dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory");
   if (local == DTL_OK) local = dtl__check_local(c, p, tokens, k, ids, weights, hidden, dtype, params, &o);
   int64_t remote_rows = 0;
@@ -328,16 +328,16 @@ dtl_status dtl_moe_layout_create(dtl_comm *c, const dtl_moe_placement *p, int64_
     for (int e = 0; e < p->experts; e++)
       if (p->owner[e] != c->rank) remote_rows += route.kept[e];
     size_t pairs = (size_t)(tokens * k);
-    L->kept = malloc(sizeof(int64_t) * (size_t)p->experts);
-    L->dropped = malloc(sizeof(int64_t) * (size_t)p->experts);
-    L->weights = malloc(sizeof(float) * (pairs ? pairs : 1));
-    L->local_ids = malloc(sizeof(int) * (size_t)(L->local_experts ? L->local_experts : 1));
+    L->kept = dtl__malloc(sizeof(int64_t) * (size_t)p->experts);
+    L->dropped = dtl__malloc(sizeof(int64_t) * (size_t)p->experts);
+    L->weights = dtl__malloc(sizeof(float) * (pairs ? pairs : 1));
+    L->local_ids = dtl__malloc(sizeof(int) * (size_t)(L->local_experts ? L->local_experts : 1));
     if (L->kept && L->dropped && L->weights && L->local_ids) {
       memcpy(L->local_ids, p->by_rank + p->first[c->rank], sizeof(int) * (size_t)L->local_experts);
       memcpy(L->kept, route.kept, sizeof(int64_t) * (size_t)p->experts);
       memcpy(L->dropped, route.dropped, sizeof(int64_t) * (size_t)p->experts);
       if (pairs) memcpy(L->weights, weights, sizeof(float) * pairs);
-      local = c->ops->mem_alloc(c, (size_t)remote_rows * L->row_bytes, &L->send_buf);
+      local = dtl__mem_alloc(&c->mem, (size_t)remote_rows * L->row_bytes, &L->send_buf);
     } else {
       local = dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory");
     }
@@ -384,11 +384,11 @@ dtl_status dtl_moe_layout_create(dtl_comm *c, const dtl_moe_placement *p, int64_
   L->calls = P == 1 ? 0 : ex == DTL_MOE_EXCHANGE_PER_EXPERT ? J : 1;
 
   /* 4. The count exchange: block d of the message holds the rows this rank sends to each of d's experts. */
-  int64_t *cout = calloc((size_t)P * (size_t)J, sizeof(int64_t));
-  int64_t *cin = calloc((size_t)P * (size_t)J, sizeof(int64_t));
+  int64_t *cout = dtl__calloc((size_t)P * (size_t)J, sizeof(int64_t));
+  int64_t *cin = dtl__calloc((size_t)P * (size_t)J, sizeof(int64_t));
   if (!cout || !cin) {
-    free(cout);
-    free(cin);
+    dtl__free(cout);
+    dtl__free(cin);
     st = dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory");
     goto fail;
   }
@@ -396,15 +396,15 @@ dtl_status dtl_moe_layout_create(dtl_comm *c, const dtl_moe_placement *p, int64_
     for (int j = 0; j < p->first[d + 1] - p->first[d]; j++) cout[(size_t)d * J + j] = route.kept[p->by_rank[p->first[d] + j]];
   st = dtl_all_to_all(o.count_comm, cout, cin, (size_t)J, DTL_INT64);
   if (st == DTL_OK) st = dtl__build_maps(L, p, &route, cin, o.pad);
-  free(cout);
-  free(cin);
+  dtl__free(cout);
+  dtl__free(cin);
   if (st != DTL_OK) goto fail;
   if (L->recv_rows > 0) {
     size_t bytes;
     if (!dtl__mul_size((size_t)L->recv_rows, L->row_bytes, &bytes))
       st = dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "receive staging of %lld rows overflows", (long long)L->recv_rows);
     else /* an allocation failure here is reported on this rank only: its peers' layouts are built */
-      st = c->ops->mem_alloc(c, bytes, &L->recv_buf);
+      st = dtl__mem_alloc(&c->mem, bytes, &L->recv_buf);
     if (st != DTL_OK) goto fail;
   }
   dtl__moe_route_free(&route);

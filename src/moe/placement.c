@@ -7,11 +7,11 @@
 
 void dtl_moe_placement_destroy(dtl_moe_placement *p) {
   if (!p) return;
-  free(p->owner);
-  free(p->local);
-  free(p->first);
-  free(p->by_rank);
-  free(p);
+  dtl__free(p->owner);
+  dtl__free(p->local);
+  dtl__free(p->first);
+  dtl__free(p->by_rank);
+  dtl__free(p);
 }
 
 dtl_status dtl_moe_placement_create(int experts, int ranks, const int *owner, dtl_moe_placement **out) {
@@ -23,12 +23,12 @@ dtl_status dtl_moe_placement_create(int experts, int ranks, const int *owner, dt
     for (int e = 0; e < experts; e++)
       DTL_CHECK_ARG(owner[e] >= 0 && owner[e] < ranks, fn, "owner[%d]=%d (expected a rank in 0..%d)", e, owner[e],
                     ranks - 1);
-  dtl_moe_placement *p = calloc(1, sizeof *p);
+  dtl_moe_placement *p = dtl__calloc(1, sizeof *p);
   if (p) {
-    p->owner = malloc(sizeof(int) * (size_t)experts);
-    p->local = malloc(sizeof(int) * (size_t)experts);
-    p->first = calloc((size_t)ranks + 1, sizeof(int));
-    p->by_rank = malloc(sizeof(int) * (size_t)experts);
+    p->owner = dtl__malloc(sizeof(int) * (size_t)experts);
+    p->local = dtl__malloc(sizeof(int) * (size_t)experts);
+    p->first = dtl__calloc((size_t)ranks + 1, sizeof(int));
+    p->by_rank = dtl__malloc(sizeof(int) * (size_t)experts);
   }
   if (!p || !p->owner || !p->local || !p->first || !p->by_rank) {
     dtl_moe_placement_destroy(p);
@@ -50,7 +50,7 @@ dtl_status dtl_moe_placement_create(int experts, int ranks, const int *owner, dt
     if (n > p->max_local) p->max_local = n;
     p->first[r + 1] += p->first[r];
   }
-  int *fill = calloc((size_t)ranks, sizeof(int));
+  int *fill = dtl__calloc((size_t)ranks, sizeof(int));
   if (!fill) {
     dtl_moe_placement_destroy(p);
     return dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory");
@@ -60,7 +60,7 @@ dtl_status dtl_moe_placement_create(int experts, int ranks, const int *owner, dt
     p->local[e] = fill[r]++;
     p->by_rank[p->first[r] + p->local[e]] = e;
   }
-  free(fill);
+  dtl__free(fill);
   *out = p;
   return DTL_OK;
 }

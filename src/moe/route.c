@@ -28,11 +28,11 @@ dtl_status dtl__moe_check_routing(const char *fn, const int32_t *ids, const floa
 }
 
 void dtl__moe_route_free(dtl__moe_route *r) {
-  free(r->kept);
-  free(r->dropped);
-  free(r->start);
-  free(r->perm);
-  free(r->inv);
+  dtl__free(r->kept);
+  dtl__free(r->dropped);
+  dtl__free(r->start);
+  dtl__free(r->perm);
+  dtl__free(r->inv);
   memset(r, 0, sizeof *r);
 }
 
@@ -53,12 +53,12 @@ dtl_status dtl__moe_route_build(const int32_t *ids, const float *weights, int64_
   dtl__moe_route r = {0};
   r.pairs = tokens * k;
   size_t np = (size_t)r.pairs, ne = (size_t)experts;
-  r.kept = calloc(ne, sizeof(int64_t));
-  r.dropped = calloc(ne, sizeof(int64_t));
-  r.start = calloc(ne + 1, sizeof(int64_t));
-  r.inv = malloc(sizeof(int64_t) * (np ? np : 1));
-  int64_t *all = malloc(sizeof(int64_t) * (np ? np : 1)); /* unmasked pairs grouped by expert */
-  int64_t *fill = calloc(ne + 1, sizeof(int64_t));
+  r.kept = dtl__calloc(ne, sizeof(int64_t));
+  r.dropped = dtl__calloc(ne, sizeof(int64_t));
+  r.start = dtl__calloc(ne + 1, sizeof(int64_t));
+  r.inv = dtl__malloc(sizeof(int64_t) * (np ? np : 1));
+  int64_t *all = dtl__malloc(sizeof(int64_t) * (np ? np : 1)); /* unmasked pairs grouped by expert */
+  int64_t *fill = dtl__calloc(ne + 1, sizeof(int64_t));
   dtl__weighted_pair *sorted = NULL;
   if (!r.kept || !r.dropped || !r.start || !r.inv || !all || !fill) goto oom;
 
@@ -66,7 +66,7 @@ dtl_status dtl__moe_route_build(const int32_t *ids, const float *weights, int64_
   for (size_t i = 0; i < np; i++)
     if (ids[i] >= 0) fill[ids[i] + 1]++;
   for (size_t e = 0; e < ne; e++) fill[e + 1] += fill[e];
-  int64_t *group = malloc(sizeof(int64_t) * (ne + 1));
+  int64_t *group = dtl__malloc(sizeof(int64_t) * (ne + 1));
   if (!group) goto oom;
   memcpy(group, fill, sizeof(int64_t) * (ne + 1));
   for (size_t i = 0; i < np; i++)
@@ -80,9 +80,9 @@ dtl_status dtl__moe_route_build(const int32_t *ids, const float *weights, int64_
     if (policy == DTL_MOE_DROP_POSITION) {
       for (int64_t i = capacity; i < n; i++) r.inv[all[lo + i]] = 0;
     } else {
-      if (!sorted) sorted = malloc(sizeof *sorted * (np ? np : 1));
+      if (!sorted) sorted = dtl__malloc(sizeof *sorted * (np ? np : 1));
       if (!sorted) {
-        free(group);
+        dtl__free(group);
         goto oom;
       }
       for (int64_t i = 0; i < n; i++) sorted[i] = (dtl__weighted_pair){weights[all[lo + i]], all[lo + i]};
@@ -100,20 +100,20 @@ dtl_status dtl__moe_route_build(const int32_t *ids, const float *weights, int64_
         r.dropped[e]++;
       }
     }
-  free(group);
+  dtl__free(group);
   for (size_t e = 0; e < ne; e++) r.start[e + 1] = r.start[e] + r.kept[e];
   for (size_t i = 0; i < np; i++) r.inv[i] = -1;
   for (int64_t i = 0; i < kept_all; i++) r.inv[all[i]] = i;
   r.kept_all = kept_all;
   r.perm = all;
-  free(fill);
-  free(sorted);
+  dtl__free(fill);
+  dtl__free(sorted);
   *out = r;
   return DTL_OK;
 oom:
-  free(all);
-  free(fill);
-  free(sorted);
+  dtl__free(all);
+  dtl__free(fill);
+  dtl__free(sorted);
   dtl__moe_route_free(&r);
   return dtl__error(DTL_ERR_OUT_OF_MEMORY, "dtl_moe_layout_create: out of host memory for %lld routing pairs",
                     (long long)np);

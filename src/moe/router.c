@@ -68,11 +68,11 @@ dtl_status dtl_moe_router_topk(const float *scores, int64_t tokens, int experts,
   bool logits = kind == DTL_MOE_SCORES_LOGITS;
   DTL_TRY(dtl__router_check(scores, tokens, experts, logits));
 
-  float *val = malloc(sizeof(float) * (size_t)k);
-  int32_t *id = malloc(sizeof(int32_t) * (size_t)k);
+  float *val = dtl__malloc(sizeof(float) * (size_t)k);
+  int32_t *id = dtl__malloc(sizeof(int32_t) * (size_t)k);
   if (!val || !id) {
-    free(val);
-    free(id);
+    dtl__free(val);
+    dtl__free(id);
     return dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory");
   }
   for (int64_t t = 0; t < tokens; t++) {
@@ -100,7 +100,7 @@ dtl_status dtl_moe_router_topk(const float *scores, int64_t tokens, int experts,
     if (renorm && kept > 0.0)
       for (int j = 0; j < k; j++) weights[t * k + j] = (float)((double)weights[t * k + j] / kept);
   }
-  free(val);
-  free(id);
+  dtl__free(val);
+  dtl__free(id);
   return DTL_OK;
 }

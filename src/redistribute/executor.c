@@ -197,7 +197,7 @@ static void dtl__analyze(const dtl_plan *p, dtl__ex_step *ex) {
   const dtl_mesh *mesh = p->src.mesh;
   int nd = p->src.ndim;
   size_t es = dtl_dtype_size(p->src.dtype);
-  dtl_memory mem = mesh->comm ? mesh->comm->ops->memory : DTL_MEMORY_HOST;
+  dtl_memory mem = mesh->comm ? mesh->comm->mem.ops->memory : DTL_MEMORY_HOST;
   bool displs = mesh->comm && mesh->comm->ops->all_to_allv_displs;
   for (int k = 0; k < p->nsteps; k++) {
     const dtl__plan_step *s = &p->steps[k];
@@ -510,7 +510,7 @@ static dtl_status dtl__copy_own(const dtl__ex_ctx *x, const dtl__ex_step *e, dtl
     ro[d] = io[d] - e->out_off[d];
   }
   dtl__box_copy b = dtl__box(x->nd, x->es, is, e->in_shape, ri, e->out_shape, ro);
-  return c->ops->copy_box(c, in, out, &b);
+  return dtl__mem_copy_box(&c->mem, in, out, &b);
 }
 
 static dtl_status dtl__run_gather(const dtl__ex_ctx *x, const dtl__plan_step *s, const dtl__ex_step *e, dtl_comm *c,
@@ -561,7 +561,7 @@ static dtl_status dtl__run_gather(const dtl__ex_ctx *x, const dtl__plan_step *s,
         }
         dtl__box_copy b = k == self ? dtl__box(nd, x->es, bs, e->in_shape, first, e->out_shape, rel)
                                     : dtl__box(nd, x->es, bs, bs, NULL, e->out_shape, rel);
-        DTL_TRY(c->ops->copy_box(c, k == self ? in : dtl__at(tmp, off, x->es), out, &b));
+        DTL_TRY(dtl__mem_copy_box(&c->mem, k == self ? in : dtl__at(tmp, off, x->es), out, &b));
       }
       off += x->cnt_c[k];
     }
@@ -599,7 +599,7 @@ static dtl_status dtl__run_reduce_scatter(const dtl__ex_ctx *x, const dtl__plan_
           rel[cd] += r0;
         }
         dtl__box_copy b = dtl__box(nd, x->es, bs, e->in_shape, rel, bs, NULL);
-        DTL_TRY(c->ops->copy_box(c, in, dtl__at(tmp, off, x->es), &b));
+        DTL_TRY(dtl__mem_copy_box(&c->mem, in, dtl__at(tmp, off, x->es), &b));
       }
       off += x->cnt_c[k];
     }
@@ -646,7 +646,7 @@ static dtl_status dtl__a2a_pack(const dtl__ex_ctx *x, const dtl__plan_step *s, c
       int64_t rel[DTL_MAX_TENSOR_DIMS];
       for (int d = 0; d < x->nd; d++) rel[d] = io[d] - e->in_off[d];
       dtl__box_copy b = dtl__box(x->nd, x->es, is, e->in_shape, rel, is, NULL);
-      DTL_TRY(c->ops->copy_box(c, in, dtl__at(send, off, x->es), &b));
+      DTL_TRY(dtl__mem_copy_box(&c->mem, in, dtl__at(send, off, x->es), &b));
     }
     off += x->cnt_a[k];
   }
@@ -664,7 +664,7 @@ static dtl_status dtl__a2a_unpack(const dtl__ex_ctx *x, const dtl__plan_step *s,
       int64_t rel[DTL_MAX_TENSOR_DIMS];
       for (int d = 0; d < x->nd; d++) rel[d] = io[d] - e->out_off[d];
       dtl__box_copy b = dtl__box(x->nd, x->es, is, is, NULL, e->out_shape, rel);
-      DTL_TRY(c->ops->copy_box(c, dtl__at((void *)(uintptr_t)recv, off, x->es), out, &b));
+      DTL_TRY(dtl__mem_copy_box(&c->mem, dtl__at((void *)(uintptr_t)recv, off, x->es), out, &b));
     }
     off += x->cnt_b[k];
   }
@@ -717,7 +717,7 @@ static dtl_status dtl__a2a_pack_displs(const dtl__ex_ctx *x, const dtl__plan_ste
     dtl__a2a_piece(x, s, e, k, false, r0, is, io);
     for (int d = 0; d < x->nd; d++) rel[d] = io[d] - e->in_off[d];
     dtl__box_copy b = dtl__box(x->nd, x->es, is, e->in_shape, rel, is, NULL);
-    DTL_TRY(c->ops->copy_box(c, in, dtl__at(send, x->dsp_a[k], x->es), &b));
+    DTL_TRY(dtl__mem_copy_box(&c->mem, in, dtl__at(send, x->dsp_a[k], x->es), &b));
   }
   return DTL_OK;
 }
@@ -742,7 +742,7 @@ static dtl_status dtl__all_to_all_displs(const dtl__ex_ctx *x, const dtl__plan_s
     if (via_out) {
       size_t got = 0;
       for (int k = 0; k < c->size; k++) got += x->cnt_b[k];
-      DTL_TRY(c->ops->mem_copy(c, tmp, out, got * x->es));
+      DTL_TRY(dtl__mem_copy(&c->mem, tmp, out, got * x->es));
     }
     DTL_TRY(dtl__a2a_unpack(x, s, e, c, r0, trecv, out));
   }
@@ -793,7 +793,7 @@ static dtl_status dtl__run_all_to_all(const dtl__ex_ctx *x, const dtl__plan_step
   if (e->pack) {
     /* tmp still holds what is being sent: receive into the output, then move it to tmp to place it. */
     DTL_TRY(dtl__exchange(c, even, send, x->cnt_a, out, x->cnt_b, x->t));
-    DTL_TRY(c->ops->mem_copy(c, tmp, out, e->b * x->es));
+    DTL_TRY(dtl__mem_copy(&c->mem, tmp, out, e->b * x->es));
   } else {
     DTL_TRY(dtl__exchange(c, even, send, x->cnt_a, tmp, x->cnt_b, x->t));
   }
@@ -805,12 +805,12 @@ static dtl_status dtl__run_step(const dtl__ex_ctx *x, int k, const dtl__ex_step 
   dtl_comm *c = x->mesh->dim_comm[s->mesh_dim];
   switch (e->op) {
     case EX_NONE: return DTL_OK;
-    case EX_FILL: return c->ops->mem_fill_identity(c, out, e->b, x->t, s->after[s->mesh_dim].op);
+    case EX_FILL: return dtl__mem_fill_identity(&c->mem, out, e->b, x->t, s->after[s->mesh_dim].op);
     case EX_SLICE: {
       int64_t rel[DTL_MAX_TENSOR_DIMS];
       for (int d = 0; d < x->nd; d++) rel[d] = e->out_off[d] - e->in_off[d];
       dtl__box_copy b = dtl__box(x->nd, x->es, e->out_shape, e->in_shape, rel, e->out_shape, NULL);
-      return c->ops->copy_box(c, in, out, &b);
+      return dtl__mem_copy_box(&c->mem, in, out, &b);
     }
     case EX_ALL_REDUCE:
       return e->a ? c->ops->all_reduce(c, in, out, e->a, x->t, s->before[s->mesh_dim].op) : DTL_OK;
@@ -868,7 +868,7 @@ dtl_status dtl_plan_execute(const dtl_plan *p, const void *src_local, void *dst_
   for (int md = 0; md < mesh->ndim; md++)
     if (mesh->shape[md] > gmax) gmax = mesh->shape[md];
   size_t small[5 * 64], *counts = small;
-  if (gmax > 64 && !(counts = malloc(sizeof(size_t) * 5 * (size_t)gmax)))
+  if (gmax > 64 && !(counts = dtl__malloc(sizeof(size_t) * 5 * (size_t)gmax)))
     return dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory");
   dtl__ex_ctx x = {p, mesh, p->src.ndim, es, p->src.dtype, counts, counts + gmax, counts + 2 * gmax,
                    counts + 3 * gmax, counts + 4 * gmax};
@@ -876,7 +876,7 @@ dtl_status dtl_plan_execute(const dtl_plan *p, const void *src_local, void *dst_
   dtl_comm *mc = mesh->comm;
   void *scr = NULL;
   dtl_status st = DTL_OK;
-  if (L.scr) DTL_TRY_GOTO(mc->ops->mem_alloc(mc, L.scr * es, &scr), st, done);
+  if (L.scr) DTL_TRY_GOTO(dtl__mem_alloc(&mc->mem, L.scr * es, &scr), st, done);
   void *base[AT_NPLACES] = {(void *)(uintptr_t)src_local, dst_local, scr};
   for (int k = 0; k < p->nsteps; k++) {
     const dtl__ex_step *e = &ex[k];
@@ -892,7 +892,7 @@ dtl_status dtl_plan_execute(const dtl_plan *p, const void *src_local, void *dst_
     if (L.staged[k]) {
       char *staging = dtl__at(tp, e->t, es);
       st = dtl__run_step(&x, k, e, base[in], staging, e->t ? tp : NULL);
-      if (st == DTL_OK && e->b) st = mesh->dim_comm[e->m]->ops->mem_copy(mesh->dim_comm[e->m], base[out], staging, e->b * es);
+      if (st == DTL_OK && e->b) st = dtl__mem_copy(&mesh->dim_comm[e->m]->mem, base[out], staging, e->b * es);
     } else {
       st = dtl__run_step(&x, k, e, base[in], base[out], tp);
     }
@@ -902,9 +902,9 @@ dtl_status dtl_plan_execute(const dtl_plan *p, const void *src_local, void *dst_
       goto done;
     }
   }
-  if (L.final_at != AT_DST && d0) DTL_TRY_GOTO(mc->ops->mem_copy(mc, dst_local, base[L.final_at], d0 * es), st, done);
+  if (L.final_at != AT_DST && d0) DTL_TRY_GOTO(dtl__mem_copy(&mc->mem, dst_local, base[L.final_at], d0 * es), st, done);
 done:
-  if (scr) mc->ops->mem_free(mc, scr);
-  if (counts != small) free(counts);
+  if (scr) dtl__mem_free(&mc->mem, scr);
+  if (counts != small) dtl__free(counts);
   return st;
 }

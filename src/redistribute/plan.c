@@ -111,10 +111,10 @@ static size_t dtl__explain_render(const dtl_plan *p, char *b) {
 
 size_t dtl_plan_explain_needed(const dtl_plan *p) {
   if (!p) return 0;
-  char *b = malloc(DTL__EXPLAIN_MAX);
+  char *b = dtl__malloc(DTL__EXPLAIN_MAX);
   if (!b) return 0;
   size_t n = dtl__explain_render(p, b) + 1;
-  free(b);
+  dtl__free(b);
   return n;
 }
 
@@ -122,13 +122,13 @@ dtl_status dtl_plan_explain(const dtl_plan *p, char *buf, size_t cap) {
   static const char fn[] = "dtl_plan_explain";
   DTL_CHECK_ARG(p != NULL, fn, "plan=NULL");
   DTL_CHECK_ARG(buf != NULL, fn, "buf=NULL");
-  char *b = malloc(DTL__EXPLAIN_MAX);
+  char *b = dtl__malloc(DTL__EXPLAIN_MAX);
   if (!b) return dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory");
   size_t n = dtl__explain_render(p, b);
   dtl_status st = DTL_OK;
   if (n + 1 > cap) st = dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "cap=%zu is too small (%zu bytes needed)", cap, n + 1);
   else memcpy(buf, b, n + 1);
-  free(b);
+  dtl__free(b);
   return st;
 }
 
@@ -145,4 +145,4 @@ double dtl_plan_cost(const dtl_plan *p) { return p ? p->total_cost_s : -1.0; }
 
 size_t dtl_plan_scratch_bytes(const dtl_plan *p) { return p ? p->scratch_bytes : 0; }
 
-void dtl_plan_destroy(dtl_plan *p) { free(p); }
+void dtl_plan_destroy(dtl_plan *p) { dtl__free(p); }

@@ -153,7 +153,7 @@ static bool dtl__hless(dtl__hnode x, dtl__hnode y) {
 static bool dtl__hpush(dtl__heap *h, dtl__hnode v) {
   if (h->n == h->cap) {
     int cap = h->cap ? 2 * h->cap : 64;
-    dtl__hnode *a = realloc(h->a, (size_t)cap * sizeof *a);
+    dtl__hnode *a = dtl__realloc(h->a, (size_t)cap * sizeof *a);
     if (!a) return false;
     h->a = a;
     h->cap = cap;
@@ -189,9 +189,9 @@ static dtl_status dtl__search(const char *fn, const dtl__space *s, int from, int
   dtl_placement target[DTL_MAX_MESH_DIMS];
   dtl__decode(s, to, target);
   int n = s->nstates;
-  int64_t *dist = malloc((size_t)n * sizeof *dist);
-  int *steps = malloc((size_t)n * sizeof *steps), *parent = malloc((size_t)n * sizeof *parent);
-  unsigned char *done = calloc((size_t)n, 1);
+  int64_t *dist = dtl__malloc((size_t)n * sizeof *dist);
+  int *steps = dtl__malloc((size_t)n * sizeof *steps), *parent = dtl__malloc((size_t)n * sizeof *parent);
+  unsigned char *done = dtl__calloc((size_t)n, 1);
   dtl__heap h = {0};
   dtl_status st = DTL_OK;
   if (!dist || !steps || !parent || !done) {
@@ -255,11 +255,11 @@ static dtl_status dtl__search(const char *fn, const dtl__space *s, int from, int
 oom:
   st = dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory (search over %d placement states)", n);
 out:
-  free(dist);
-  free(steps);
-  free(parent);
-  free(done);
-  free(h.a);
+  dtl__free(dist);
+  dtl__free(steps);
+  dtl__free(parent);
+  dtl__free(done);
+  dtl__free(h.a);
   return st;
 }
 
@@ -353,7 +353,7 @@ static dtl_status dtl__plan_create(const char *fn, const dtl_layout *src, const 
   int path[DTL__MAX_PLAN_STEPS + 1], len = 0;
   DTL_TRY(dtl__search(fn, &s, dtl__encode(&s, src->placements), dtl__encode(&s, dst->placements), path, &len));
 
-  dtl_plan *p = calloc(1, sizeof *p);
+  dtl_plan *p = dtl__calloc(1, sizeof *p);
   if (!p) return dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory");
   p->src = *src;
   p->dst = *dst;

@@ -30,7 +30,7 @@ static void dtl__plan_cache_clear(dtl__plan_cache *pc) {
     for (dtl__plan_entry *e = pc->buckets[b], *next; e; e = next) {
       next = e->next;
       dtl_plan_destroy(e->plan);
-      free(e);
+      dtl__free(e);
     }
     pc->buckets[b] = NULL;
   }
@@ -40,8 +40,8 @@ static void dtl__plan_cache_clear(dtl__plan_cache *pc) {
 static void dtl__plan_cache_free(void *cache) {
   dtl__plan_cache *pc = cache;
   dtl__plan_cache_clear(pc);
-  free(pc->buckets);
-  free(pc);
+  dtl__free(pc->buckets);
+  dtl__free(pc);
 }
 
 static uint64_t dtl__pair_key(const dtl_layout *src, const dtl_layout *dst) {
@@ -52,10 +52,10 @@ static uint64_t dtl__pair_key(const dtl_layout *src, const dtl_layout *dst) {
 static dtl_status dtl__plan_cache_of(const dtl_mesh *m, dtl__plan_cache **out) {
   dtl_mesh *mm = (dtl_mesh *)(uintptr_t)m; /* the cache is the mesh's mutable part */
   if (!mm->cache) {
-    dtl__plan_cache *pc = calloc(1, sizeof *pc);
-    if (pc) pc->buckets = calloc(16, sizeof *pc->buckets);
+    dtl__plan_cache *pc = dtl__calloc(1, sizeof *pc);
+    if (pc) pc->buckets = dtl__calloc(16, sizeof *pc->buckets);
     if (!pc || !pc->buckets) {
-      free(pc);
+      dtl__free(pc);
       return dtl__error(DTL_ERR_OUT_OF_MEMORY, "dtl_redistribute: out of host memory for the plan cache");
     }
     pc->nbuckets = 16;
@@ -69,7 +69,7 @@ static dtl_status dtl__plan_cache_of(const dtl_mesh *m, dtl__plan_cache **out) {
 /* Doubles the bucket array; on failure the table just stays as it is. */
 static void dtl__plan_cache_grow(dtl__plan_cache *pc) {
   size_t nb = pc->nbuckets * 2;
-  dtl__plan_entry **nbk = calloc(nb, sizeof *nbk);
+  dtl__plan_entry **nbk = dtl__calloc(nb, sizeof *nbk);
   if (!nbk) return;
   for (size_t b = 0; b < pc->nbuckets; b++) {
     for (dtl__plan_entry *e = pc->buckets[b], *next; e; e = next) {
@@ -78,7 +78,7 @@ static void dtl__plan_cache_grow(dtl__plan_cache *pc) {
       nbk[e->key & (nb - 1)] = e;
     }
   }
-  free(pc->buckets);
+  dtl__free(pc->buckets);
   pc->buckets = nbk;
   pc->nbuckets = nb;
 }
@@ -97,7 +97,7 @@ dtl_status dtl__plan_cached(const dtl_layout *src, const dtl_layout *dst, const 
   pc->misses++;
   dtl_plan *plan;
   DTL_TRY(dtl_plan_create(src, dst, &plan));
-  dtl__plan_entry *e = malloc(sizeof *e);
+  dtl__plan_entry *e = dtl__malloc(sizeof *e);
   if (!e) {
     dtl_plan_destroy(plan);
     return dtl__error(DTL_ERR_OUT_OF_MEMORY, "dtl_redistribute: out of host memory for the plan cache");
@@ -158,23 +158,23 @@ static dtl_status dtl__check_consistent(const char *fn, const dtl_mesh *m, uint6
   dtl_comm *c = m->comm;
   int n = c->size;
   size_t bytes = sizeof(uint64_t) * 2 * (size_t)n;
-  uint64_t *all = malloc(bytes * 2 + sizeof(uint64_t) * (size_t)n);
+  uint64_t *all = dtl__malloc(bytes * 2 + sizeof(uint64_t) * (size_t)n);
   if (!all) return dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory for DTL_CHECK");
   uint64_t mine[2] = {fp, (uint64_t)local};
   dtl_status st;
-  if (c->ops->memory == DTL_MEMORY_HOST) {
+  if (c->mem.ops->memory == DTL_MEMORY_HOST) {
     st = c->ops->all_gather(c, mine, all, 2, DTL_INT64);
   } else {
     void *dev = NULL;
-    st = c->ops->mem_alloc(c, bytes + sizeof mine, &dev);
-    if (st == DTL_OK) st = c->ops->mem_copy(c, (char *)dev + bytes, mine, sizeof mine);
+    st = dtl__mem_alloc(&c->mem, bytes + sizeof mine, &dev);
+    if (st == DTL_OK) st = dtl__mem_copy(&c->mem, (char *)dev + bytes, mine, sizeof mine);
     if (st == DTL_OK) st = c->ops->all_gather(c, (char *)dev + bytes, dev, 2, DTL_INT64);
-    if (st == DTL_OK) st = c->ops->mem_copy(c, all, dev, bytes);
+    if (st == DTL_OK) st = dtl__mem_copy(&c->mem, all, dev, bytes);
     if (st == DTL_OK) st = c->ops->synchronize(c);
-    if (dev) c->ops->mem_free(c, dev);
+    if (dev) dtl__mem_free(&c->mem, dev);
   }
   if (st != DTL_OK) {
-    free(all);
+    dtl__free(all);
     return dtl__error_prefix(st, "%s: DTL_CHECK exchange", fn);
   }
   uint64_t *fps = all + 2 * n, *sorted = fps + n;
@@ -193,7 +193,7 @@ static dtl_status dtl__check_consistent(const char *fn, const dtl_mesh *m, uint6
     else if (o < sizeof list - 4) o += (size_t)snprintf(list + o, sizeof list - o, ",...");
     bad++;
   }
-  free(all);
+  dtl__free(all);
   if (bad == 0) return DTL_OK;
   if (local != DTL_OK) return local; /* this rank's own message stays */
   const char *verb = failed ? (bad > 1 ? "rejected their arguments or disagree" : "rejected its arguments or disagrees")
@@ -304,7 +304,7 @@ dtl_status dtl_distribute(const dtl_layout *l, const void *dense_on_root, int ro
   if (local_st != DTL_OK) return local_st;
 
   size_t es = dtl_dtype_size(l->dtype);
-  size_t *send = calloc((size_t)n * 2, sizeof *send), *recv = send + n;
+  size_t *send = dtl__calloc((size_t)n * 2, sizeof *send), *recv = send + n;
   if (!send) return dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory");
   int coord[DTL_MAX_MESH_DIMS];
   int64_t bs[DTL_MAX_TENSOR_DIMS], bo[DTL_MAX_TENSOR_DIMS];
@@ -322,7 +322,7 @@ dtl_status dtl_distribute(const dtl_layout *l, const void *dense_on_root, int ro
   if (me == root) packed = total;
   void *pack = NULL;
   dtl_status st = DTL_OK;
-  if (packed) DTL_TRY_GOTO(c->ops->mem_alloc(c, packed * es, &pack), st, done);
+  if (packed) DTL_TRY_GOTO(dtl__mem_alloc(&c->mem, packed * es, &pack), st, done);
   size_t off = 0;
   for (int r = 0; me == root && r < n; r++) {
     if (!send[r]) continue;
@@ -334,13 +334,13 @@ dtl_status dtl_distribute(const dtl_layout *l, const void *dense_on_root, int ro
       b.src_shape[d] = l->shape[d];
       b.src_off[d] = bo[d];
     }
-    DTL_TRY_GOTO(c->ops->copy_box(c, dense_on_root, (char *)pack + off * es, &b), st, done);
+    DTL_TRY_GOTO(dtl__mem_copy_box(&c->mem, dense_on_root, (char *)pack + off * es, &b), st, done);
     off += send[r];
   }
   if (total) DTL_TRY_GOTO(c->ops->all_to_allv(c, pack, send, local, recv, l->dtype), st, done);
   dtl_reduce_op op = DTL_SUM;
   if (dtl__holds_identity(l, m->coord, &op)) {
-    DTL_TRY_GOTO(c->ops->mem_fill_identity(c, local, l->local_count, l->dtype, op), st, done);
+    DTL_TRY_GOTO(dtl__mem_fill_identity(&c->mem, local, l->local_count, l->dtype, op), st, done);
   } else if (me == root && l->local_count) {
     dtl__box_copy b = {.ndim = l->ndim, .elem_size = es};
     for (int d = 0; d < l->ndim; d++) {
@@ -348,10 +348,10 @@ dtl_status dtl_distribute(const dtl_layout *l, const void *dense_on_root, int ro
       b.src_shape[d] = l->shape[d];
       b.src_off[d] = l->local_offset[d];
     }
-    DTL_TRY_GOTO(c->ops->copy_box(c, dense_on_root, local, &b), st, done);
+    DTL_TRY_GOTO(dtl__mem_copy_box(&c->mem, dense_on_root, local, &b), st, done);
   }
 done:
-  if (pack) c->ops->mem_free(c, pack);
-  free(send);
+  if (pack) dtl__mem_free(&c->mem, pack);
+  dtl__free(send);
   return st;
 }

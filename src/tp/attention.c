@@ -36,7 +36,7 @@ dtl_status dtl_tp_attention_create(dtl_tp_context *ctx, const dtl_tp_attention_p
   DTL_TRY(dtl__tp_check_compute(ctx, fn));
   size_t n;
   DTL_TRY(dtl__tp_count(fn, "qkv", (p->q_heads + 2 * p->kv_heads) * p->head_dim, p->hidden, &n));
-  dtl_tp_attention *a = calloc(1, sizeof *a);
+  dtl_tp_attention *a = dtl__calloc(1, sizeof *a);
   if (!a) return dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory");
   a->ctx = ctx;
   a->sp = (p->mask & DTL_TP_SEQUENCE_PARALLEL) != 0;
@@ -155,5 +155,5 @@ void dtl_tp_attention_destroy(dtl_tp_attention *a) {
   if (!a) return;
   dtl__tp_proj_fini(a->ctx, &a->qkv);
   dtl__tp_proj_fini(a->ctx, &a->out);
-  free(a);
+  dtl__free(a);
 }

@@ -3,12 +3,13 @@
  * h) computes the causal scores against keys 0..i, a two-pass softmax in f32 (max, then exp and sum), and
  * the weighted sum of the values, on f32/f16/bf16 storage. Scores live in global scratch, one row of
  * `tokens` floats per block, so any sequence length fits; long sequences take several launches. */
-#include "tp/device.cuh"
+#include "compute/device.cuh"
+#include "tp/tp_math.h"
 #include "tp/stages.h"
 
 namespace {
 
-using namespace dtl_tp;
+using namespace dtl_dev;
 
 template <typename T>
 struct attn_args {

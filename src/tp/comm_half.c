@@ -1,9 +1,11 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The communication half of every TP layer, on the TP dim's communicator: the row-parallel reduction
  * (all-reduce, or reduce-scatter on tokens for sequence parallelism) with its once-only bias, the
- * column-parallel gather of S(1) outputs, and the sequence-parallel gather of S(0) inputs. The layers call
+ * column-parallel gather of S(1) outputs, the sequence-parallel gather of S(0) inputs and a layer's input
+ * step built on it. The layers call
  * the cores; the public wrappers add the layout checks for engines that run their own GEMMs. */
 #include <string.h>
+#include "compute/bias.h"
 #include "tp/tp_internal.h"
 
 /* counts[r] = rows(r) * per_row, rows(r) = chunk(n, tp, r) */
@@ -21,7 +23,7 @@ dtl_status dtl__tp_reduce(dtl_tp_context *ctx, int64_t tokens, int64_t features,
     DTL_TRY(dtl_reduce_scatterv(ctx->comm, partial, y, ctx->counts, ctx->dtype, DTL_SUM));
     rows = dtl__tp_chunk(ctx, tokens, ctx->rank).count;
   }
-  return bias ? dtl__tp_bias_rows(ctx, y, bias, rows, features, features, true) : DTL_OK;
+  return bias ? dtl__bias_rows(&ctx->gemm, y, bias, rows, features, features, true, ctx->dtype) : DTL_OK;
 }
 
 dtl_status dtl__tp_gather_columns(dtl_tp_context *ctx, int64_t tokens, int64_t features, const void *y_local, void *y) {
@@ -41,7 +43,7 @@ dtl_status dtl__tp_gather_columns(dtl_tp_context *ctx, int64_t tokens, int64_t f
       b.extent[1] = b.src_shape[1] = c.count;
       b.dst_shape[1] = features;
       b.dst_off[1] = c.offset;
-      DTL_TRY(ctx->comm->ops->copy_box(ctx->comm, (const char *)stage + at * ctx->elem, y, &b));
+      DTL_TRY(dtl__mem_copy_box(&ctx->comm->mem, (const char *)stage + at * ctx->elem, y, &b));
     }
     at += ctx->counts[r];
   }
@@ -51,6 +53,21 @@ dtl_status dtl__tp_gather_columns(dtl_tp_context *ctx, int64_t tokens, int64_t f
 dtl_status dtl__tp_gather_tokens(dtl_tp_context *ctx, int64_t tokens, int64_t features, const void *x_local, void *x) {
   dtl__tp_counts(ctx, tokens, features);
   return dtl_all_gatherv(ctx->comm, x_local, ctx->counts[ctx->rank], x, ctx->counts, ctx->dtype);
+}
+
+dtl_status dtl__tp_input(dtl_tp_context *ctx, const char *fn, const dtl_layout *x_layout, int64_t features,
+                         dtl_placement on_tp, const void *x, int64_t *tokens, const void **xin) {
+  int64_t T;
+  DTL_TRY(dtl__tp_check_layout(ctx, fn, "x_layout", x_layout, features, on_tp, &T));
+  DTL_CHECK_ARG(x != NULL || dtl_layout_local_count(x_layout) == 0, fn, "x=NULL");
+  *tokens = T;
+  *xin = x;
+  if (on_tp.kind != DTL_SHARD || on_tp.dim != 0) return DTL_OK; /* only S(0) (sequence parallel) gathers */
+  void *full;
+  DTL_TRY(dtl__tp_scratch(ctx, DTL__TP_WS_INPUT, (size_t)(T * features) * ctx->elem, &full));
+  DTL_TRY(dtl__tp_gather_tokens(ctx, T, features, x, full));
+  *xin = full;
+  return DTL_OK;
 }
 
 /* Buffers of a public half: non-NULL unless empty. */

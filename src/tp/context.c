@@ -14,11 +14,11 @@ dtl_status dtl_tp_context_create(const dtl_mesh *mesh, int tp_dim, const dtl_tp_
   dtl_dtype t = (opt && (opt->mask & DTL_TP_OPT_DTYPE)) ? opt->dtype : DTL_FLOAT32;
   DTL_CHECK_ARG(t == DTL_FLOAT32 || t == DTL_FLOAT16 || t == DTL_BFLOAT16, fn, "dtype=%s (expected f32, f16 or bf16)",
                 dtl_dtype_name(t) ? dtl_dtype_name(t) : "?");
-  dtl_tp_context *c = calloc(1, sizeof *c);
-  size_t *counts = calloc((size_t)mesh->shape[tp_dim], sizeof *counts);
+  dtl_tp_context *c = dtl__calloc(1, sizeof *c);
+  size_t *counts = dtl__calloc((size_t)mesh->shape[tp_dim], sizeof *counts);
   if (!c || !counts) {
-    free(c);
-    free(counts);
+    dtl__free(c);
+    dtl__free(counts);
     return dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory");
   }
   c->mesh = mesh;
@@ -29,7 +29,7 @@ dtl_status dtl_tp_context_create(const dtl_mesh *mesh, int tp_dim, const dtl_tp_
   c->dtype = t;
   c->elem = dtl_dtype_size(t);
   c->counts = counts;
-  dtl_status st = dtl__gemm_engine_for_comm(&c->gemm, c->comm);
+  dtl_status st = dtl__gemm_engine_for_mem(&c->gemm, &c->comm->mem);
   if (st != DTL_OK) {
     dtl_tp_context_destroy(c);
     return dtl__error_prefix(st, "%s", fn);
@@ -46,11 +46,11 @@ dtl_comm *dtl_tp_context_comm(const dtl_tp_context *ctx) { return ctx ? ctx->com
 void dtl_tp_context_destroy(dtl_tp_context *ctx) {
   if (!ctx) return;
   for (int s = 0; s < DTL__TP_WS_COUNT; s++)
-    if (ctx->ws[s]) ctx->comm->ops->mem_free(ctx->comm, ctx->ws[s]);
+    if (ctx->ws[s]) dtl__mem_free(&ctx->comm->mem, ctx->ws[s]);
   dtl__gemm_engine_fini(&ctx->gemm);
-  free(ctx->host_ws);
-  free(ctx->counts);
-  free(ctx);
+  dtl__free(ctx->host_ws);
+  dtl__free(ctx->counts);
+  dtl__free(ctx);
 }
 
 dtl_status dtl__tp_scratch(dtl_tp_context *ctx, dtl__tp_ws slot, size_t bytes, void **out) {
@@ -58,11 +58,11 @@ dtl_status dtl__tp_scratch(dtl_tp_context *ctx, dtl__tp_ws slot, size_t bytes, v
     *out = ctx->ws[slot];
     return DTL_OK;
   }
-  if (ctx->ws[slot]) ctx->comm->ops->mem_free(ctx->comm, ctx->ws[slot]);
+  if (ctx->ws[slot]) dtl__mem_free(&ctx->comm->mem, ctx->ws[slot]);
   ctx->ws[slot] = NULL;
   ctx->ws_bytes[slot] = 0;
   size_t want = bytes ? bytes : 1;
-  DTL_TRY(ctx->comm->ops->mem_alloc(ctx->comm, want, &ctx->ws[slot]));
+  DTL_TRY(dtl__mem_alloc(&ctx->comm->mem, want, &ctx->ws[slot]));
   ctx->ws_bytes[slot] = want;
   *out = ctx->ws[slot];
   return DTL_OK;
@@ -71,9 +71,9 @@ dtl_status dtl__tp_scratch(dtl_tp_context *ctx, dtl__tp_ws slot, size_t bytes, v
 dtl_status dtl__tp_host_scratch(dtl_tp_context *ctx, size_t bytes, void **out) {
   if (bytes > ctx->host_ws_bytes || !ctx->host_ws) {
     size_t want = bytes ? bytes : 1;
-    void *p = malloc(want);
+    void *p = dtl__malloc(want);
     if (!p) return dtl__error(DTL_ERR_OUT_OF_MEMORY, "dtl__tp_host_scratch: %zu bytes of host memory", want);
-    free(ctx->host_ws);
+    dtl__free(ctx->host_ws);
     ctx->host_ws = p;
     ctx->host_ws_bytes = want;
   }

@@ -29,7 +29,7 @@ dtl_status dtl_tp_embedding_create(dtl_tp_context *ctx, const dtl_tp_embedding_p
   DTL_TRY(dtl__tp_check_compute(ctx, fn));
   size_t n;
   DTL_TRY(dtl__tp_count(fn, "table", p->vocab, p->hidden, &n));
-  dtl_tp_embedding *e = calloc(1, sizeof *e);
+  dtl_tp_embedding *e = dtl__calloc(1, sizeof *e);
   if (!e) return dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory");
   e->ctx = ctx;
   e->sp = (p->mask & DTL_TP_SEQUENCE_PARALLEL) != 0;
@@ -39,7 +39,7 @@ dtl_status dtl_tp_embedding_create(dtl_tp_context *ctx, const dtl_tp_embedding_p
   size_t bytes = (size_t)(e->rows.count * e->hidden) * ctx->elem;
   dtl_status st;
   dtl__tp_rows r = {e->rows.offset, e->rows.count};
-  DTL_TRY_GOTO(ctx->comm->ops->mem_alloc(ctx->comm, bytes ? bytes : 1, &e->table), st, fail);
+  DTL_TRY_GOTO(dtl__mem_alloc(&ctx->comm->mem, bytes ? bytes : 1, &e->table), st, fail);
   DTL_TRY_GOTO(dtl__tp_pack_rows(ctx, p->table, p->vocab, p->hidden, &r, 1, 0, p->hidden, e->table), st, fail);
   *out = e;
   return DTL_OK;
@@ -76,7 +76,7 @@ static dtl_status dtl__tp_embed(dtl_tp_embedding *e, int64_t tokens, const int64
     DTL_TRY(dtl__tp_host_scratch(ctx, bytes, &staged));
     DTL_TRY(dtl__tp_scratch(ctx, DTL__TP_WS_AUX, bytes, &dev_ids));
     if (bytes) memcpy(staged, ids, bytes);
-    DTL_TRY(ctx->comm->ops->mem_copy(ctx->comm, dev_ids, staged, bytes));
+    DTL_TRY(dtl__mem_copy(&ctx->comm->mem, dev_ids, staged, bytes));
     return dtl__tp_embed_cuda(dev_ids, tokens, e->table, e->rows.offset, e->rows.count, e->hidden, ctx->dtype,
                               partial, ctx->gemm.stream);
 #endif
@@ -107,6 +107,6 @@ dtl_status dtl_tp_embedding_forward(dtl_tp_embedding *e, int64_t tokens, const i
 
 void dtl_tp_embedding_destroy(dtl_tp_embedding *e) {
   if (!e) return;
-  if (e->table) e->ctx->comm->ops->mem_free(e->ctx->comm, e->table);
-  free(e);
+  if (e->table) dtl__mem_free(&e->ctx->comm->mem, e->table);
+  dtl__free(e);
 }

@@ -2,12 +2,13 @@
 /* The device half of the embedding lookup (stages.h): one grid-stride kernel copies each token's row of
  * this rank's table shard, or zeros for ids another rank owns. A bit copy, so it serves f32, f16 and bf16
  * alike (zero bits are +0 in each). The ids were validated on the host and copied to the device. */
-#include "tp/device.cuh"
+#include "compute/device.cuh"
+#include "tp/tp_math.h"
 #include "tp/stages.h"
 
 namespace {
 
-using namespace dtl_tp;
+using namespace dtl_dev;
 
 template <typename U>
 __host__ __device__ inline void embed_at(int64_t i, const int64_t *ids, const U *table, int64_t off, int64_t count,

@@ -37,7 +37,7 @@ dtl_status dtl_tp_linear_create(dtl_tp_context *ctx, const dtl_tp_linear_params 
   DTL_TRY(dtl__tp_check_compute(ctx, fn));
   size_t n;
   DTL_TRY(dtl__tp_count(fn, "weight", p->out_features, p->in_features, &n));
-  dtl_tp_linear *l = calloc(1, sizeof *l);
+  dtl_tp_linear *l = dtl__calloc(1, sizeof *l);
   if (!l) return dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory");
   l->ctx = ctx;
   l->kind = p->kind;
@@ -97,5 +97,5 @@ dtl_status dtl_tp_linear_forward(dtl_tp_linear *l, const dtl_layout *x_layout, c
 void dtl_tp_linear_destroy(dtl_tp_linear *l) {
   if (!l) return;
   dtl__tp_proj_fini(l->ctx, &l->proj);
-  free(l);
+  dtl__free(l);
 }

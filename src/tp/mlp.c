@@ -34,7 +34,7 @@ dtl_status dtl_tp_mlp_create(dtl_tp_context *ctx, const dtl_tp_mlp_params *p, dt
   bool gated = p->activation == DTL_TP_ACT_SILU_GATED;
   size_t n;
   DTL_TRY(dtl__tp_count(fn, "gate_up", (gated ? 2 : 1) * p->ffn, p->hidden, &n));
-  dtl_tp_mlp *m = calloc(1, sizeof *m);
+  dtl_tp_mlp *m = dtl__calloc(1, sizeof *m);
   if (!m) return dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory");
   m->ctx = ctx;
   m->act = p->activation;
@@ -68,7 +68,7 @@ void dtl__tp_activate_host(dtl_tp_activation act, float *h, int64_t tokens, int6
   for (int64_t t = 0; t < tokens; t++) {
     float *row = h + t * width;
     for (int64_t j = 0; j < f; j++)
-      row[j] = act == DTL_TP_ACT_SILU_GATED ? dtl__tp_silu_gated(row[j], row[f + j]) : dtl__tp_gelu(row[j]);
+      row[j] = act == DTL_TP_ACT_SILU_GATED ? dtl__silu_gated(row[j], row[f + j]) : dtl__gelu(row[j]);
   }
 }
 
@@ -106,5 +106,5 @@ void dtl_tp_mlp_destroy(dtl_tp_mlp *m) {
   if (!m) return;
   dtl__tp_proj_fini(m->ctx, &m->gate_up);
   dtl__tp_proj_fini(m->ctx, &m->down);
-  free(m);
+  dtl__free(m);
 }

@@ -1,12 +1,12 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The device half of the MLP activation (stages.h): one grid-stride kernel over this rank's ffn columns,
  * SiLU-gated or GELU in f32 (tp_math.h) on f32/f16/bf16 storage. */
-#include "tp/device.cuh"
+#include "compute/device.cuh"
 #include "tp/stages.h"
 
 namespace {
 
-using namespace dtl_tp;
+using namespace dtl_dev;
 
 /* Element i of the tokens x f activated columns: token i / f, column i % f of h [tokens, width]. */
 template <typename T>
@@ -14,7 +14,7 @@ __host__ __device__ inline void activate_at(int64_t i, dtl_tp_activation act, T 
   T *row = h + (i / f) * width;
   int64_t j = i % f;
   float g = load(row + j);
-  store(row + j, act == DTL_TP_ACT_SILU_GATED ? dtl__tp_silu_gated(g, load(row + f + j)) : dtl__tp_gelu(g));
+  store(row + j, act == DTL_TP_ACT_SILU_GATED ? dtl__silu_gated(g, load(row + f + j)) : dtl__gelu(g));
 }
 
 template <typename T>

@@ -67,7 +67,7 @@ dtl_status dtl__tp_pack_rows(dtl_tp_context *ctx, const void *src, int64_t src_r
     b.dst_shape[1] = cols;
     b.dst_off[0] = at;
     b.dst_off[1] = 0;
-    DTL_TRY(ctx->comm->ops->copy_box(ctx->comm, src, dst, &b));
+    DTL_TRY(dtl__mem_copy_box(&ctx->comm->mem, src, dst, &b));
     at += ranges[i].rows;
   }
   return DTL_OK;

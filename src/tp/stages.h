@@ -8,7 +8,7 @@
 #ifndef DTL_TP_STAGES_H
 #define DTL_TP_STAGES_H
 
-#include "tp/gemm.h"
+#include "compute/gemm.h"
 #include "dtl/tp.h"
 
 #ifdef __cplusplus

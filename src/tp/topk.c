@@ -81,7 +81,7 @@ dtl_status dtl_tp_logits_topk(dtl_tp_context *ctx, const dtl_layout *logits_layo
   }
   DTL_TRY(dtl_all_gather(ctx->comm, send, recv, pairs, DTL_INT64));
   if (dev) {
-    DTL_TRY(ctx->comm->ops->mem_copy(ctx->comm, merged, recv, all * sizeof(int64_t)));
+    DTL_TRY(dtl__mem_copy(&ctx->comm->mem, merged, recv, all * sizeof(int64_t)));
     DTL_TRY(ctx->comm->ops->synchronize(ctx->comm));
   }
   dtl__tp_topk_merge(merged, ctx->size, T, k, list, values, indices);

@@ -3,12 +3,13 @@
  * logits by k rounds of a block-wide arg-best, each round taking the best candidate strictly after the
  * previous pick in the total order of dtl__tp_better (so ties, NaN and -0/+0 rank exactly as on the host,
  * and the logits are never modified). k rounds over the rank's vocab: meant for the small k of sampling. */
-#include "tp/device.cuh"
+#include "compute/device.cuh"
+#include "tp/tp_math.h"
 #include "tp/stages.h"
 
 namespace {
 
-using namespace dtl_tp;
+using namespace dtl_dev;
 
 /* Thread tid of nt: the best of the columns j = tid, tid + nt, ... of row that come strictly after the
  * previous pick (pv, pi) (every column when first); (0, -1) when there is none. */

@@ -6,7 +6,7 @@
 #define DTL_TP_INTERNAL_H
 
 #include "layout/layout_internal.h"
-#include "tp/gemm.h"
+#include "compute/gemm.h"
 #include "dtl/tp.h"
 
 /* Grow-only scratch buffers in the TP communicator's memory, one per role, so one forward call never
@@ -50,9 +50,6 @@ dtl_status dtl__tp_check_layout(const dtl_tp_context *ctx, const char *fn, const
 /* Whether a layer can compute in ctx's dtype: on the host f32 only, on a device f32/f16/bf16.
  * DTL_ERR_UNSUPPORTED naming fn otherwise. */
 dtl_status dtl__tp_check_compute(const dtl_tp_context *ctx, const char *fn);
-/* The bias epilogue on ctx memory (bias.h): seed (add false) or add bias [cols] on rows rows of y. */
-dtl_status dtl__tp_bias_rows(dtl_tp_context *ctx, void *y, const void *bias, int64_t rows, int64_t cols, int64_t ldy,
-                             bool add);
 /* Element count a*b with overflow check (DTL_ERR_INVALID_ARGUMENT naming fn and what). */
 dtl_status dtl__tp_count(const char *fn, const char *what, int64_t a, int64_t b, size_t *out);
 

@@ -1,48 +1,32 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* This file is private to dtl. The per-element math and index arithmetic of the TP blocks, one copy shared
- * by the host loops (*.c) and the CUDA kernels (*.cu): the activations, the GQA head map, the embedding's
- * row lookup and the total order of top-k candidates. Plain C that nvcc also compiles for the device, so a
- * host test exercises exactly what the kernels run. */
+/* This file is private to dtl. The index arithmetic of the TP blocks, one copy shared by the host loops
+ * (*.c) and the CUDA kernels (*.cu): the GQA head map, the embedding's row lookup and the total order of
+ * top-k candidates (the activations are compute/math.h's). */
 #ifndef DTL_TP_MATH_H
 #define DTL_TP_MATH_H
 
-#include <math.h>
-#include <stdbool.h>
-#include <stdint.h>
-#include <string.h>
-
-#ifdef __CUDACC__
-#define DTL_TP_HD __host__ __device__
-#else
-#define DTL_TP_HD
-#endif
-
-/* SwiGLU: silu(gate) * up. */
-static DTL_TP_HD inline float dtl__tp_silu_gated(float gate, float up) { return gate / (1.0f + expf(-gate)) * up; }
-
-/* Exact (erf) GELU. */
-static DTL_TP_HD inline float dtl__tp_gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
+#include "compute/math.h"
 
 /* The local kv head of local q head h: global q head q_off + h belongs to kv head (q_off + h) / group,
  * which is local kv head that minus kv_off (dtl_tp_attention_heads keeps it on this rank). */
-static DTL_TP_HD inline int64_t dtl__tp_kv_head(int64_t q_off, int64_t h, int64_t group, int64_t kv_off) {
+static DTL_HD inline int64_t dtl__tp_kv_head(int64_t q_off, int64_t h, int64_t group, int64_t kv_off) {
   return (q_off + h) / group - kv_off;
 }
 
 /* The row of this rank's table shard [off, off + count) that holds vocab id, or -1 when another rank owns it. */
-static DTL_TP_HD inline int64_t dtl__tp_embed_row(int64_t id, int64_t off, int64_t count) {
+static DTL_HD inline int64_t dtl__tp_embed_row(int64_t id, int64_t off, int64_t count) {
   return id >= off && id - off < count ? id - off : -1;
 }
 
 /* A top-k candidate travels as two int64: the f32 bits of its value and its global index (-1 = an empty
  * slot, for a rank with fewer than k logits). */
-static DTL_TP_HD inline float dtl__tp_cand_value(const int64_t *c) {
+static DTL_HD inline float dtl__tp_cand_value(const int64_t *c) {
   uint32_t bits = (uint32_t)c[0];
   float v;
   memcpy(&v, &bits, sizeof v);
   return v;
 }
-static DTL_TP_HD inline void dtl__tp_cand_set(int64_t *c, float v, int64_t index) {
+static DTL_HD inline void dtl__tp_cand_set(int64_t *c, float v, int64_t index) {
   uint32_t bits;
   memcpy(&bits, &v, sizeof bits);
   c[0] = (int64_t)bits;
@@ -52,7 +36,7 @@ static DTL_TP_HD inline void dtl__tp_cand_set(int64_t *c, float v, int64_t index
 /* The total order of top-k: NaN before numbers (as torch.topk), larger values first, equal values by lower
  * index; an empty slot (index < 0) after everything. Distinct indices make it strict, so the best of a set
  * does not depend on the order in which it is searched. */
-static DTL_TP_HD inline bool dtl__tp_better(float va, int64_t ia, float vb, int64_t ib) {
+static DTL_HD inline bool dtl__tp_better(float va, int64_t ia, float vb, int64_t ib) {
   if (ib < 0) return ia >= 0;
   if (ia < 0) return false;
   bool na = va != va, nb = vb != vb;

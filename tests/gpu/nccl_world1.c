@@ -324,17 +324,19 @@ static void mesh_over_nccl_has_one_sub_communicator_per_dim(void **state) {
   dtl_mesh_destroy(m);
 }
 
-/* The memory ops the redistribution executor uses, through the transport's vtable. */
+/* The memory ops the redistribution executor uses, through the communicator's memory interface. */
 static void transport_memory_ops_work_on_device_memory(void **state) {
   (void)state;
   const dtl__comm_ops *ops = comm->ops;
+  const dtl__mem *mem = &comm->mem;
+  assert_int_equal(mem->ops->memory, DTL_MEMORY_DEVICE);
   const size_t n = 4096;
   void *h = host_data(DTL_INT32, n, 5);
   void *a = NULL, *b = NULL;
-  DTL_OK_(ops->mem_alloc(comm, n * 4, &a));
-  DTL_OK_(ops->mem_alloc(comm, n * 4, &b));
+  DTL_OK_(dtl__mem_alloc(mem, n * 4, &a));
+  DTL_OK_(dtl__mem_alloc(mem, n * 4, &b));
   CUDA_OK(cudaMemcpyAsync(a, h, n * 4, cudaMemcpyHostToDevice, stream));
-  DTL_OK_(ops->mem_copy(comm, b, a, n * 4));
+  DTL_OK_(dtl__mem_copy(mem, b, a, n * 4));
   expect_device_bytes(b, h, n * 4, "mem_copy", DTL_INT32);
 
   /* Overlapping copy: memmove semantics, both directions. */
@@ -342,17 +344,17 @@ static void transport_memory_ops_work_on_device_memory(void **state) {
   assert_non_null(want);
   memcpy(want, h, n * 4);
   memmove(want + 4, want, n * 4 - 4);
-  DTL_OK_(ops->mem_copy(comm, (char *)b + 4, b, n * 4 - 4));
+  DTL_OK_(dtl__mem_copy(mem, (char *)b + 4, b, n * 4 - 4));
   expect_device_bytes(b, want, n * 4, "overlapping mem_copy forward", DTL_INT32);
   memmove(want, want + 400, n * 4 - 400);
-  DTL_OK_(ops->mem_copy(comm, b, (char *)b + 400, n * 4 - 400));
+  DTL_OK_(dtl__mem_copy(mem, b, (char *)b + 400, n * 4 - 400));
   expect_device_bytes(b, want, n * 4, "overlapping mem_copy backward", DTL_INT32);
 
-  DTL_OK_(ops->mem_set(comm, b, 0x7f, n * 4));
+  DTL_OK_(dtl__mem_set(mem, b, 0x7f, n * 4));
   memset(want, 0x7f, n * 4);
   expect_device_bytes(b, want, n * 4, "mem_set", DTL_INT32);
 
-  DTL_OK_(ops->mem_fill_identity(comm, b, n, DTL_INT32, DTL_MIN));
+  DTL_OK_(dtl__mem_fill_identity(mem, b, n, DTL_INT32, DTL_MIN));
   assert_int_equal(dtl__host_fill_identity(want, n, DTL_INT32, DTL_MIN), DTL_OK);
   expect_device_bytes(b, want, n * 4, "mem_fill_identity", DTL_INT32);
 
@@ -360,13 +362,13 @@ static void transport_memory_ops_work_on_device_memory(void **state) {
   dtl__box_copy box = {.ndim = 2, .elem_size = 4, .extent = {64, 4}, .src_shape = {64, 64}, .src_off = {0, 3},
                        .dst_shape = {64, 4}};
   assert_int_equal(dtl__host_copy_box(h, want, &box), DTL_OK);
-  DTL_OK_(ops->copy_box(comm, a, b, &box));
+  DTL_OK_(dtl__mem_copy_box(mem, a, b, &box));
   DTL_OK_(ops->synchronize(comm));
   assert_int_equal((int)cudaStreamQuery(stream), (int)cudaSuccess);
   expect_device_bytes(b, want, 64 * 4 * 4, "copy_box", DTL_INT32);
 
-  ops->mem_free(comm, a);
-  ops->mem_free(comm, b);
+  dtl__mem_free(mem, a);
+  dtl__mem_free(mem, b);
   DTL_OK_(ops->synchronize(comm));
   free(want);
   free(h);

@@ -55,20 +55,15 @@ static dtl_status w_barrier(dtl_comm *c) { return in_(c)->ops->barrier(in_(c)); 
 static dtl_status w_check(dtl_comm *c) { return in_(c)->ops->check(in_(c)); }
 static dtl_status w_abort(dtl_comm *c) { return in_(c)->ops->abort(in_(c)); }
 static void w_destroy(dtl_comm *c) { dtl_comm_destroy(in_(c)); }
-static dtl_status w_mem_alloc(dtl_comm *c, size_t bytes, void **out) {
+static dtl_status w_sync(dtl_comm *c) { return in_(c)->ops->synchronize(in_(c)); }
+/* Host memory whose allocations are counted. */
+static dtl__mem_ops w_mem_ops;
+static dtl_status w_mem_alloc(const dtl__mem *m, size_t bytes, void **out) {
   tu_allocs.calls++;
   tu_allocs.bytes_total += bytes;
   if (bytes > tu_allocs.bytes_max) tu_allocs.bytes_max = bytes;
-  return in_(c)->ops->mem_alloc(in_(c), bytes, out);
+  return dtl__host_mem_ops.alloc(m, bytes, out);
 }
-static void w_mem_free(dtl_comm *c, void *p) { in_(c)->ops->mem_free(in_(c), p); }
-static dtl_status w_mem_copy(dtl_comm *c, void *d, const void *s, size_t n) { return in_(c)->ops->mem_copy(in_(c), d, s, n); }
-static dtl_status w_mem_set(dtl_comm *c, void *d, int b, size_t n) { return in_(c)->ops->mem_set(in_(c), d, b, n); }
-static dtl_status w_fill(dtl_comm *c, void *d, size_t n, dtl_dtype t, dtl_reduce_op op) {
-  return in_(c)->ops->mem_fill_identity(in_(c), d, n, t, op);
-}
-static dtl_status w_copy_box(dtl_comm *c, const void *s, void *d, const dtl__box_copy *b) { return in_(c)->ops->copy_box(in_(c), s, d, b); }
-static dtl_status w_sync(dtl_comm *c) { return in_(c)->ops->synchronize(in_(c)); }
 static dtl_status w_wrap(const dtl__comm_ops *ops, dtl_comm *inner, dtl_comm **out);
 static dtl_status w_split(dtl_comm *c, int color, int key, dtl_comm **out) {
   dtl_comm *n;
@@ -77,20 +72,21 @@ static dtl_status w_split(dtl_comm *c, int color, int key, dtl_comm **out) {
   return w_wrap(c->ops, n, out);
 }
 static const dtl__comm_ops w_ops = {
-    .name = "counting-mpi", .memory = DTL_MEMORY_HOST,
+    .name = "counting-mpi",
     .broadcast = w_broadcast, .scatter = w_scatter, .gather = w_gather, .reduce = w_reduce,
     .all_gather = w_all_gather, .all_gatherv = w_all_gatherv, .all_reduce = w_all_reduce,
     .reduce_scatter = w_reduce_scatter, .reduce_scatterv = w_reduce_scatterv, .all_to_all = w_all_to_all,
     .all_to_allv = w_all_to_allv, .send = w_send, .recv = w_recv, .barrier = w_barrier, .split = w_split,
     .all_to_allv_displs = w_all_to_allv_displs,
-    .check = w_check, .abort = w_abort, .destroy = w_destroy, .mem_alloc = w_mem_alloc, .mem_free = w_mem_free,
-    .mem_copy = w_mem_copy, .mem_set = w_mem_set, .mem_fill_identity = w_fill, .copy_box = w_copy_box,
-    .synchronize = w_sync,
+    .check = w_check, .abort = w_abort, .destroy = w_destroy, .synchronize = w_sync,
 };
 /* The same transport without its optional entries, as a transport that lacks them (NCCL) looks. */
 static dtl__comm_ops w_plain_ops;
 static dtl_status w_wrap(const dtl__comm_ops *ops, dtl_comm *inner, dtl_comm **out) {
-  return dtl__comm_new(ops, inner->rank, inner->size, inner, out);
+  w_mem_ops = dtl__host_mem_ops;
+  w_mem_ops.name = "counting-host";
+  w_mem_ops.alloc = w_mem_alloc;
+  return dtl__comm_new(ops, (dtl__mem){&w_mem_ops, -1, NULL}, inner->rank, inner->size, inner, out);
 }
 
 /* --- meshes --------------------------------------------------------------------------------------------- */

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <cmocka.h>
-#include "tp/gemm.h"
+#include "compute/gemm.h"
 
 static float small_int(unsigned *s) {
   *s = *s * 1103515245u + 12345u;

@@ -10,7 +10,7 @@
 #include <cmocka.h>
 #include <cuda_runtime.h>
 #include "common/half.h"
-#include "tp/gemm.h"
+#include "compute/gemm.h"
 
 static dtl__gemm_engine dev;
 

@@ -3,7 +3,7 @@
  * with CUBLAS_OP_T and A second untransposed. f16/bf16 operands accumulate in f32 (CUBLAS_COMPUTE_32F). */
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
-#include "tp/gemm.h"
+#include "compute/gemm.h"
 
 static dtl_status dtl__cublas_error(const char *what, cublasStatus_t s) {
   return dtl__error(DTL_ERR_CUDA, "dtl__gemm: %s failed: %s (%d)", what, cublasGetStatusString(s), (int)s);

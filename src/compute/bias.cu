@@ -1,11 +1,11 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The device half of the bias epilogue: one grid-stride kernel per call, f32/f16/bf16 (half types add in f32). */
-#include "tp/bias.h"
-#include "tp/device.cuh"
+#include "compute/bias.h"
+#include "compute/device.cuh"
 
 namespace {
 
-using namespace dtl_tp;
+using namespace dtl_dev;
 
 template <typename T>
 __global__ void bias_rows(T *y, const T *b, int64_t rows, int64_t cols, int64_t ldy, bool add) {
@@ -20,9 +20,9 @@ __global__ void bias_rows(T *y, const T *b, int64_t rows, int64_t cols, int64_t 
 
 }  // namespace
 
-extern "C" dtl_status dtl__tp_bias_rows_cuda(void *y, const void *bias, int64_t rows, int64_t cols, int64_t ldy,
+extern "C" dtl_status dtl__bias_rows_cuda(void *y, const void *bias, int64_t rows, int64_t cols, int64_t ldy,
                                              bool add, dtl_dtype t, void *stream) {
-  static const char fn[] = "dtl__tp_bias_rows_cuda";
+  static const char fn[] = "dtl__bias_rows_cuda";
   if (rows <= 0 || cols <= 0) return DTL_OK;
   return with_type(t, fn, [&](auto z) {
     using T = decltype(z);

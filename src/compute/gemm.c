@@ -3,24 +3,16 @@
  * for both engines, so the TP and MoE layers never call a BLAS directly. */
 #include <limits.h>
 #include <cblas.h>
-#include "tp/gemm.h"
-#if DTL_HAVE_NCCL
-#include "dtl/nccl.h"
-#endif
+#include "compute/gemm.h"
 
 dtl__gemm_engine dtl__gemm_engine_host(void) { return (dtl__gemm_engine){DTL_MEMORY_HOST, NULL, NULL}; }
 
-dtl_status dtl__gemm_engine_for_comm(dtl__gemm_engine *e, dtl_comm *c) {
-  if (dtl_comm_memory(c) == DTL_MEMORY_HOST) {
+dtl_status dtl__gemm_engine_for_mem(dtl__gemm_engine *e, const dtl__mem *m) {
+  if (m->ops->memory == DTL_MEMORY_HOST) {
     *e = dtl__gemm_engine_host();
     return DTL_OK;
   }
-#if DTL_HAVE_NCCL
-  return dtl__gemm_engine_init_device(e, dtl_comm_nccl_stream(c));
-#else
-  return dtl__error(DTL_ERR_UNSUPPORTED, "dtl__gemm_engine_for_comm: a %s communicator, but dtl was built without CUDA",
-                    dtl_comm_backend_name(c));
-#endif
+  return dtl__gemm_engine_init_device(e, m->stream);
 }
 
 #if !DTL_HAVE_NCCL

@@ -1,11 +1,11 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* This file is private to dtl. The one local GEMM of the tensor-parallel and MoE layers: row-major
+/* This file is private to dtl. The one local GEMM of every layer (tensor parallel, MoE, attention): row-major
  * C = alpha * A * B^T + beta * C with B stored [n, k], the way checkpoints store a linear weight [out, in].
  * Host memory goes to OpenBLAS (f32), device memory to cuBLAS (f32, f16, bf16; accumulation in f32). */
-#ifndef DTL_TP_GEMM_H
-#define DTL_TP_GEMM_H
+#ifndef DTL_COMPUTE_GEMM_H
+#define DTL_COMPUTE_GEMM_H
 
-#include "common/internal.h"
+#include "comm/memory.h"
 
 /* Where the operands live. A host engine needs nothing else; a device engine owns a cuBLAS handle bound to
  * the stream its work is ordered on (dtl__gemm_engine_init_device). */
@@ -17,9 +17,9 @@ typedef struct {
 
 /* The host engine (no state). */
 dtl__gemm_engine dtl__gemm_engine_host(void);
-/* The engine for a communicator's memory: the host engine for MPI, a cuBLAS handle on the communicator's
- * stream for NCCL (the calling thread's current device must be the communicator's). */
-dtl_status dtl__gemm_engine_for_comm(dtl__gemm_engine *e, dtl_comm *c);
+/* The engine for a memory (memory.h): the host engine for host memory, a cuBLAS handle on the memory's
+ * stream for device memory (the calling thread's current device must be the memory's). */
+dtl_status dtl__gemm_engine_for_mem(dtl__gemm_engine *e, const dtl__mem *m);
 /* A cuBLAS handle on stream (a cudaStream_t; NULL = the legacy default stream). DTL_ERR_UNSUPPORTED when
  * dtl was built without CUDA, DTL_ERR_CUDA when cuBLAS cannot start (e.g. no device). */
 dtl_status dtl__gemm_engine_init_device(dtl__gemm_engine *e, void *stream);

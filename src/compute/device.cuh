@@ -1,18 +1,18 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* This file is private to dtl. What the TP kernels (the .cu files of src/tp) share: f32 loads and stores of
+/* This file is private to dtl. What the CUDA kernels of every area share: f32 loads and stores of
  * the three storage types (host-callable too, for the emulations), launch shapes, the block-wide tree
  * reduction with its host twin, and the switch from a dtl dtype to a kernel's storage type. */
-#ifndef DTL_TP_DEVICE_CUH
-#define DTL_TP_DEVICE_CUH
+#ifndef DTL_COMPUTE_DEVICE_CUH
+#define DTL_COMPUTE_DEVICE_CUH
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include "comm/device_memory.h"
-#include "tp/tp_math.h"
+#include "compute/math.h"
 
-namespace dtl_tp {
+namespace dtl_dev {
 
 constexpr int kThreads = 256;         /* elementwise kernels (grid-stride loops) */
 constexpr int kRowThreads = 128;      /* row kernels: one block per row; a power of two for the tree */
@@ -83,6 +83,6 @@ inline dtl_status launched(const char *fn) {
   return e == cudaSuccess ? DTL_OK : dtl__cuda_error(fn, e);
 }
 
-}  // namespace dtl_tp
+}  // namespace dtl_dev
 
 #endif

@@ -1,0 +1,126 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The one harness of the MPI-launched tests. A case is a function named after the rule it checks; CHECK
+ * records a failure on this rank (printing the first few with rank, case, file and line); RUN runs a case
+ * under the watchdog and has rank 0 report it once every rank is done; dt_finish() agrees across ranks on the
+ * outcome, so every rank exits with the same code. The watchdog turns a hang (a rank left waiting in a
+ * collective) into a failure with the case's name within DTL_TEST_WATCHDOG seconds (default 120), instead of
+ * ctest's timeout: it writes one line and ends the process, and the launcher then ends the others.
+ *
+ *   int main(int argc, char **argv) {
+ *     dt_init(&argc, &argv);
+ *     RUN(all_gather_places_blocks_in_rank_order);
+ *     return dt_finish();
+ *   }
+ */
+#ifndef DTL_TESTS_DTL_TEST_H
+#define DTL_TESTS_DTL_TEST_H
+
+#include <mpi.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "dtl.h"
+#include "dtl/mpi.h"
+
+static int dt_rank, dt_size;
+static long dt_failures;
+static const char *dt_case = "";
+static unsigned dt_watchdog_s = 120;
+static char dt_watchdog_line[256];
+
+#define DT_PRINT_LIMIT 12
+
+#define CHECK(cond, ...)                                                                              \
+  do {                                                                                                \
+    if (!(cond) && dt_failures++ < DT_PRINT_LIMIT) {                                                  \
+      fprintf(stderr, "[rank %d] %s: %s:%d: CHECK(%s) failed: ", dt_rank, dt_case, __FILE__, __LINE__, \
+              #cond);                                                                                 \
+      fprintf(stderr, __VA_ARGS__);                                                                   \
+      fputc('\n', stderr);                                                                            \
+    }                                                                                                 \
+  } while (0)
+
+/* A dtl call returned DTL_OK (its message is printed otherwise). */
+#define CHECK_OK(expr)                                                                    \
+  do {                                                                                    \
+    dtl_status s_ = (expr);                                                               \
+    CHECK(s_ == DTL_OK, "%s -> %s: %s", #expr, dtl_status_name(s_), dtl_last_error()); \
+  } while (0)
+
+/* A dtl call returned want. */
+#define CHECK_STATUS(expr, want)                                                                       \
+  do {                                                                                                 \
+    dtl_status s_ = (expr);                                                                            \
+    CHECK(s_ == (want), "%s -> %s (expected %s): %s", #expr, dtl_status_name(s_), dtl_status_name(want), \
+          dtl_last_error());                                                                           \
+  } while (0)
+
+/* A dtl call returned want and its message contains text (the argument's name and value, say). */
+#define CHECK_ERROR(expr, want, text)                                                                  \
+  do {                                                                                                 \
+    dtl_status s_ = (expr);                                                                            \
+    CHECK(s_ == (want), "%s -> %s (expected %s): %s", #expr, dtl_status_name(s_), dtl_status_name(want), \
+          dtl_last_error());                                                                           \
+    CHECK(strstr(dtl_last_error(), (text)) != NULL, "%s: message '%s' lacks '%s'", #expr, dtl_last_error(), \
+          (text));                                                                                     \
+  } while (0)
+
+static void dt_watchdog_fire(int sig) {
+  (void)sig;
+  /* Only async-signal-safe calls here: the line was formatted when the watchdog was armed. */
+  ssize_t n = write(STDERR_FILENO, dt_watchdog_line, strlen(dt_watchdog_line));
+  (void)n;
+  _exit(3);
+}
+
+/* (Re)arms the watchdog for what (a case name) with the given seconds (0: the default). */
+static inline void dt_watchdog_arm(const char *what, unsigned seconds) {
+  unsigned s = seconds ? seconds : dt_watchdog_s;
+  snprintf(dt_watchdog_line, sizeof dt_watchdog_line,
+           "[rank %d] watchdog: %s did not finish within %u s (a rank waits in a collective: a hang)\n", dt_rank, what,
+           s);
+  alarm(s);
+}
+static inline void dt_watchdog_disarm(void) { alarm(0); }
+
+static inline void dt_init(int *argc, char ***argv) {
+  MPI_Init(argc, argv);
+  MPI_Comm_rank(MPI_COMM_WORLD, &dt_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &dt_size);
+  const char *w = getenv("DTL_TEST_WATCHDOG");
+  if (w && atoi(w) > 0) dt_watchdog_s = (unsigned)atoi(w);
+  signal(SIGALRM, dt_watchdog_fire);
+}
+
+/* Runs one case under the watchdog; rank 0 names it and how many ranks failed it. */
+#define RUN(case_fn)                                                                          \
+  do {                                                                                        \
+    long before_ = dt_failures, mine_, bad_ranks_ = 0;                                        \
+    dt_case = #case_fn;                                                                       \
+    dt_watchdog_arm(dt_case, 0);                                                              \
+    case_fn();                                                                                \
+    mine_ = dt_failures > before_;                                                            \
+    MPI_Allreduce(&mine_, &bad_ranks_, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);                 \
+    dt_watchdog_disarm();                                                                     \
+    if (dt_rank == 0) printf("%-72s %s\n", #case_fn, bad_ranks_ ? "FAILED" : "ok");           \
+  } while (0)
+
+/* The exit code every rank agrees on (0 when no rank failed a check); finalizes MPI. */
+static inline int dt_finish(void) {
+  long total = 0;
+  MPI_Allreduce(&dt_failures, &total, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
+  if (dt_rank == 0) printf("%s: %ld failed check(s) over %d rank(s)\n", total ? "FAIL" : "PASS", total, dt_size);
+  MPI_Finalize();
+  return total ? 1 : 0;
+}
+
+/* Exit code 77 (ctest's skip) on every rank, with a reason, when a test cannot run at this world size. */
+static inline int dt_skip(const char *reason) {
+  if (dt_rank == 0) printf("SKIP: %s\n", reason);
+  MPI_Finalize();
+  return 77;
+}
+
+#endif

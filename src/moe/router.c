@@ -49,7 +49,8 @@ dtl_status dtl_moe_router_topk(const float *scores, int64_t tokens, int experts,
   dtl_moe_scores kind = DTL_MOE_SCORES_LOGITS;
   bool renorm = false;
   if (params) {
-    DTL_CHECK_ARG(!(params->mask & ~known), fn, "params.mask=0x%llx has unknown bits", (unsigned long long)params->mask);
+    DTL_TRY(dtl__check_bits(fn, "params.mask", params->mask, known, "DTL_MOE_ROUTER_SCORES | DTL_MOE_ROUTER_RENORMALIZE"));
+    DTL_TRY(dtl__check_bits(fn, "params.flags", params->flags, 0, NULL));
     if (params->mask & DTL_MOE_ROUTER_SCORES) kind = params->scores;
     if (params->mask & DTL_MOE_ROUTER_RENORMALIZE) renorm = params->renormalize != 0;
   }

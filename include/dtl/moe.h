@@ -89,7 +89,11 @@ typedef enum {
  * small messages, e.g. decode). AUTO picks PER_EXPERT when there is one expert per rank or the average
  * message is at least DTL_MOE_SINGLE_EXCHANGE_BYTES, SINGLE otherwise (the same choice on every rank). With at
  * most one expert per rank the two coincide and a layout reports PER_EXPERT. */
-typedef enum { DTL_MOE_EXCHANGE_AUTO = 0, DTL_MOE_EXCHANGE_PER_EXPERT = 1, DTL_MOE_EXCHANGE_SINGLE = 2 } dtl_moe_exchange;
+typedef enum {
+  DTL_MOE_EXCHANGE_AUTO = 0,
+  DTL_MOE_EXCHANGE_PER_EXPERT = 1,
+  DTL_MOE_EXCHANGE_SINGLE = 2
+} dtl_moe_exchange;
 #define DTL_MOE_SINGLE_EXCHANGE_BYTES (64 * 1024)
 
 /* Field-presence bits of mask, as for the router; flags: none defined yet (0). */

@@ -32,8 +32,9 @@ typedef struct {
   double local_beta_s_per_byte;
 } dtl_cost_model;
 
-/* The built-in model of an engine, every mask bit set (flags 0): DTL_MEMORY_HOST is MPI (alpha 2 us, beta 1/(5 GB/s),
- * local beta 1/(10 GB/s)), DTL_MEMORY_DEVICE is NCCL (alpha 10 us, beta 1/(100 GB/s), local beta 1/(1 TB/s)).
+/* The built-in model of an engine, every mask bit set (flags 0): DTL_MEMORY_HOST is MPI (alpha 2 us, beta
+ * 1/(5 GB/s), local beta 1/(10 GB/s)), DTL_MEMORY_DEVICE is NCCL (alpha 10 us, beta 1/(100 GB/s), local beta
+ * 1/(1 TB/s)).
  * A plan starts from the model of its mesh's engine (abstract meshes: MPI), then applies the environment
  * variable DTL_PLAN_TUNE="alpha=2e-6,beta=2e-10,local_beta=1e-10" (any subset; malformed text makes plan
  * creation fail with DTL_ERR_INVALID_ARGUMENT), then the fields given to dtl_plan_create_with_cost. */

@@ -238,8 +238,8 @@ DTL_API void dtl_tp_embedding_destroy(dtl_tp_embedding *e);
  * all-gather exchanges only those (T * k pairs per rank). values [T, k] (f32, host) and indices [T, k]
  * (host) get, on every rank, the k largest logits of each token in descending order; equal values are
  * ordered by lowest index (as a dense stable sort would) and NaN counts as the largest value (as torch.topk).
- * 1 <= k <= vocab. values is an optional output. On a device context the selection runs in a kernel (k rounds over
- * the rank's vocab shard: meant for small k), only the candidates are copied to the host, and the call
+ * 1 <= k <= vocab. values is an optional output. On a device context the selection runs in a kernel (k
+ * rounds over the rank's vocab shard: meant for small k), only the candidates are copied to the host, and the call
  * returns once values and indices are written (it waits for the communicator's stream). */
 DTL_API dtl_status dtl_tp_logits_topk(dtl_tp_context *ctx, const dtl_layout *logits_layout, const void *logits_local,
                                       int k, float *values, int64_t *indices);

@@ -65,11 +65,9 @@ dtl_status dtl__error_prefix(dtl_status s, const char *fmt, ...) {
 dtl_status dtl__check_bits(const char *fn, const char *field, uint64_t value, uint64_t known, const char *names) {
   uint64_t unknown = value & ~known;
   if (!unknown) return DTL_OK;
-  if (!known)
-    return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "%s=0x%llx has unknown bits 0x%llx (expected 0: none are defined)",
-                         field, (unsigned long long)value, (unsigned long long)unknown);
-  return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "%s=0x%llx has unknown bits 0x%llx (expected a combination of %s)",
-                       field, (unsigned long long)value, (unsigned long long)unknown, names);
+  return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "%s=0x%llx has unknown bits 0x%llx (%s%s)", field,
+                       (unsigned long long)value, (unsigned long long)unknown, known ? "known: " : "none are defined",
+                       known && names ? names : "");
 }
 
 unsigned dtl_version(void) { return DTL_VERSION_HEX; }

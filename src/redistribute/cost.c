@@ -86,9 +86,9 @@ dtl_status dtl__cost_resolve(const char *fn, const dtl_mesh *mesh, const dtl_cos
   const char *tune = getenv("DTL_PLAN_TUNE");
   if (tune) DTL_TRY(dtl__cost_parse_tune(fn, tune, &m));
   if (over) {
-    DTL_TRY(dtl__check_bits(fn, "cost->mask", over->mask, DTL__COST_ALL,
-                            "DTL_COST_ALPHA | DTL_COST_BETA | DTL_COST_LOCAL_BETA"));
-    DTL_TRY(dtl__check_bits(fn, "cost->flags", over->flags, 0, NULL));
+    DTL_TRY(dtl__check_bits(fn, "cost->mask", over->mask,
+                            DTL__BITS(DTL_COST_ALPHA, DTL_COST_BETA, DTL_COST_LOCAL_BETA)));
+    DTL_TRY(dtl__check_bits(fn, "cost->flags", over->flags, DTL__NO_BITS));
     DTL_CHECK_ARG(!(over->mask & DTL_COST_ALPHA) || dtl__cost_value_ok(over->alpha_s), fn,
                   "cost->alpha_s=%g (expected finite and >= 0)", over->alpha_s);
     DTL_CHECK_ARG(!(over->mask & DTL_COST_BETA) || dtl__cost_value_ok(over->beta_s_per_byte), fn,

@@ -25,7 +25,8 @@ dtl_status dtl_tp_attention_create(dtl_tp_context *ctx, const dtl_tp_attention_p
   DTL_CHECK_ARG(ctx != NULL, fn, "ctx=NULL");
   DTL_CHECK_ARG(p != NULL, fn, "params=NULL");
   DTL_CHECK_ARG(out != NULL, fn, "out=NULL");
-  DTL_TRY(dtl__tp_check_bits(fn, "params", p->mask, DTL_TP_SCALE, p->flags, DTL_TP_SEQUENCE_PARALLEL));
+  DTL_TRY(dtl__tp_check_bits(fn, "params", p->mask, DTL__BITS(DTL_TP_SCALE), p->flags,
+                             DTL__BITS(DTL_TP_SEQUENCE_PARALLEL)));
   DTL_CHECK_ARG(p->hidden >= 1 && p->head_dim >= 1, fn, "hidden=%lld head_dim=%lld (expected >= 1)",
                 (long long)p->hidden, (long long)p->head_dim);
   dtl_tp_range q, kv;

@@ -5,30 +5,13 @@
 #include <string.h>
 #include "tp/tp_internal.h"
 
-/* "DTL_TP_SEQUENCE_PARALLEL | DTL_TP_GATHER_OUTPUT" for the known bits (NULL when none). */
-static const char *dtl__tp_bit_names(uint64_t known, char *buf, size_t cap) {
-  static const struct {
-    uint64_t bit;
-    const char *name;
-  } bits[] = {{DTL_TP_SEQUENCE_PARALLEL, "DTL_TP_SEQUENCE_PARALLEL"},
-              {DTL_TP_GATHER_OUTPUT, "DTL_TP_GATHER_OUTPUT"},
-              {DTL_TP_SCALE, "DTL_TP_SCALE"},
-              {DTL_TP_OPT_DTYPE, "DTL_TP_OPT_DTYPE"}};
-  size_t o = 0;
-  buf[0] = '\0';
-  for (size_t i = 0; i < sizeof bits / sizeof *bits; i++)
-    if ((known & bits[i].bit) && o < cap)
-      o += (size_t)snprintf(buf + o, cap - o, "%s%s", o ? " | " : "", bits[i].name);
-  return known ? buf : NULL;
-}
-
-dtl_status dtl__tp_check_bits(const char *fn, const char *what, uint64_t mask, uint64_t known_mask, uint64_t flags,
-                              uint64_t known_flags) {
-  char field[32], names[128];
+dtl_status dtl__tp_check_bits(const char *fn, const char *what, uint64_t mask, uint64_t mask_known,
+                              const char *mask_names, uint64_t flags, uint64_t flags_known, const char *flags_names) {
+  char field[32];
   snprintf(field, sizeof field, "%s.mask", what);
-  DTL_TRY(dtl__check_bits(fn, field, mask, known_mask, dtl__tp_bit_names(known_mask, names, sizeof names)));
+  DTL_TRY(dtl__check_bits(fn, field, mask, mask_known, mask_names));
   snprintf(field, sizeof field, "%s.flags", what);
-  return dtl__check_bits(fn, field, flags, known_flags, dtl__tp_bit_names(known_flags, names, sizeof names));
+  return dtl__check_bits(fn, field, flags, flags_known, flags_names);
 }
 
 dtl_status dtl_tp_context_create(const dtl_mesh *mesh, int tp_dim, const dtl_tp_options *opt, dtl_tp_context **out) {
@@ -37,7 +20,7 @@ dtl_status dtl_tp_context_create(const dtl_mesh *mesh, int tp_dim, const dtl_tp_
   DTL_CHECK_ARG(mesh != NULL, fn, "mesh=NULL");
   DTL_CHECK_ARG(!dtl_mesh_is_abstract(mesh), fn, "mesh is abstract (it has no communicators to run layers on)");
   DTL_CHECK_ARG(tp_dim >= 0 && tp_dim < mesh->ndim, fn, "tp_dim=%d (expected 0..%d)", tp_dim, mesh->ndim - 1);
-  if (opt) DTL_TRY(dtl__tp_check_bits(fn, "opt", opt->mask, DTL_TP_OPT_DTYPE, opt->flags, 0));
+  if (opt) DTL_TRY(dtl__tp_check_bits(fn, "opt", opt->mask, DTL__BITS(DTL_TP_OPT_DTYPE), opt->flags, DTL__NO_BITS));
   dtl_dtype t = (opt && (opt->mask & DTL_TP_OPT_DTYPE)) ? opt->dtype : DTL_FLOAT32;
   DTL_CHECK_ARG(t == DTL_FLOAT32 || t == DTL_FLOAT16 || t == DTL_BFLOAT16, fn, "dtype=%s (expected f32, f16 or bf16)",
                 dtl_dtype_name(t) ? dtl_dtype_name(t) : "?");

@@ -26,7 +26,8 @@ dtl_status dtl_tp_linear_create(dtl_tp_context *ctx, const dtl_tp_linear_params 
   DTL_CHECK_ARG(ctx != NULL, fn, "ctx=NULL");
   DTL_CHECK_ARG(p != NULL, fn, "params=NULL");
   DTL_CHECK_ARG(out != NULL, fn, "out=NULL");
-  DTL_TRY(dtl__tp_check_bits(fn, "params", p->mask, 0, p->flags, DTL_TP_SEQUENCE_PARALLEL | DTL_TP_GATHER_OUTPUT));
+  DTL_TRY(dtl__tp_check_bits(fn, "params", p->mask, DTL__NO_BITS, p->flags,
+                             DTL__BITS(DTL_TP_SEQUENCE_PARALLEL, DTL_TP_GATHER_OUTPUT)));
   DTL_CHECK_ARG(p->kind == DTL_TP_COLUMN || p->kind == DTL_TP_ROW, fn, "kind=%d (expected DTL_TP_COLUMN or DTL_TP_ROW)",
                 (int)p->kind);
   DTL_CHECK_ARG(p->in_features >= 0 && p->out_features >= 0, fn, "in_features=%lld out_features=%lld (expected >= 0)",

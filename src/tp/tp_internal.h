@@ -50,9 +50,10 @@ dtl_status dtl__tp_check_layout(const dtl_tp_context *ctx, const char *fn, const
 /* Whether a layer can compute in ctx's dtype: on the host f32 only, on a device f32/f16/bf16.
  * DTL_ERR_UNSUPPORTED naming fn otherwise. */
 dtl_status dtl__tp_check_compute(const dtl_tp_context *ctx, const char *fn);
-/* The mask and flags of a TP params struct ("params" or "opt", named by what) hold only the bits it defines. */
-dtl_status dtl__tp_check_bits(const char *fn, const char *what, uint64_t mask, uint64_t known_mask, uint64_t flags,
-                              uint64_t known_flags);
+/* The mask and flags of a TP params struct ("params" or "opt", named by what) hold only the bits it defines
+ * (each given as DTL__BITS(...) or DTL__NO_BITS). */
+dtl_status dtl__tp_check_bits(const char *fn, const char *what, uint64_t mask, uint64_t mask_known,
+                              const char *mask_names, uint64_t flags, uint64_t flags_known, const char *flags_names);
 /* Element count a*b with overflow check (DTL_ERR_INVALID_ARGUMENT naming fn and what). */
 dtl_status dtl__tp_count(const char *fn, const char *what, int64_t a, int64_t b, size_t *out);
 

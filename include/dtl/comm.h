@@ -128,6 +128,22 @@ DTL_API dtl_status dtl_test(dtl_request *req, int *done);
 DTL_API dtl_status dtl_send(dtl_comm *c, const void *buf, size_t count, dtl_dtype t, int peer);
 /* count elements from peer; DTL_ERR_MISMATCH when peer sent fewer, DTL_ERR_COMM when it sent more. */
 DTL_API dtl_status dtl_recv(dtl_comm *c, void *buf, size_t count, dtl_dtype t, int peer);
+/* Sends send_count elements to dest and receives recv_count elements from source in one call, as
+ * MPI_Sendrecv: both transfers progress together, so every rank of a ring may shift its block to the next
+ * rank at once without ordering the calls. dest and source are ranks of c; dest may be this rank only when
+ * source is too (a message to oneself is received by the same call, a local copy that cannot deadlock). send
+ * and recv must not overlap. The message travels like dtl_send's, so the peer may use dtl_send/dtl_recv
+ * instead. DTL_ERR_MISMATCH when source sent fewer than recv_count elements, DTL_ERR_COMM when it sent more
+ * (to oneself: checked before anything is copied). On NCCL a pair's counts must agree: it cannot detect a
+ * mismatch. */
+DTL_API dtl_status dtl_sendrecv(dtl_comm *c, const void *send, size_t send_count, int dest, void *recv,
+                                size_t recv_count, int source, dtl_dtype t);
+/* The nonblocking form, for overlapping the transfer with compute (ring algorithms): checks its arguments
+ * like dtl_sendrecv, starts both transfers and stores a request that dtl_wait completes (with the count
+ * check) and dtl_test polls; send and recv belong to the operation until then. NCCL: DTL_ERR_UNSUPPORTED,
+ * since dtl_sendrecv itself only enqueues on the communicator's stream. */
+DTL_API dtl_status dtl_sendrecv_async(dtl_comm *c, const void *send, size_t send_count, int dest, void *recv,
+                                      size_t recv_count, int source, dtl_dtype t, dtl_request **req);
 
 #ifdef __cplusplus
 }

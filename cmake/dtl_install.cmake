@@ -17,6 +17,9 @@ configure_package_config_file(cmake/dtlConfig.cmake.in ${PROJECT_BINARY_DIR}/dtl
 write_basic_package_version_file(${PROJECT_BINARY_DIR}/dtlConfigVersion.cmake COMPATIBILITY SameMajorVersion)
 install(FILES ${PROJECT_BINARY_DIR}/dtlConfig.cmake ${PROJECT_BINARY_DIR}/dtlConfigVersion.cmake
         DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/dtl)
+if(DTL_HAVE_NCCL)
+  install(FILES cmake/FindNCCL.cmake DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/dtl)
+endif()
 
 set(DTL_PC_CFLAGS "")
 if(DTL_HAVE_NCCL)

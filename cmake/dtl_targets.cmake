@@ -12,10 +12,10 @@ if(DTL_SANITIZE)
 endif()
 
 # dtl_program(NAME SOURCES...): an example, benchmark or tool, linked as a user would link it: against the
-# shared library and its public headers (plus OpenBLAS for the dense references some of them compute).
+# shared library and its public headers (plus BLAS for the dense references some of them compute).
 function(dtl_program name)
   add_executable(${name} ${ARGN})
-  target_link_libraries(${name} PRIVATE dtl ${DTL_OPENBLAS_LIB} m)
+  target_link_libraries(${name} PRIVATE dtl BLAS::BLAS m)
   target_include_directories(${name} PRIVATE ${DTL_CBLAS_INCLUDE})
 endfunction()
 

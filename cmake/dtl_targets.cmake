@@ -36,6 +36,11 @@ set(DTL_MPIEXEC ${MPIEXEC_EXECUTABLE} ${DTL_MPIEXEC_FLAGS})
 set(DTL_MPI_ENV ${DTL_MPIEXEC_ENV})
 if(DTL_SANITIZE)
   list(APPEND DTL_MPI_ENV "ASAN_OPTIONS=detect_leaks=0:abort_on_error=0:protect_shadow_gap=0" "UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1")
+elseif(DTL_MPI_IMPL STREQUAL "MPICH" AND DTL_BUILD_TESTS)
+  # Tests only (benches must see MPICH as it is); ASan would refuse a library preloaded before its runtime.
+  add_library(dtl_mpich_idle_sleep MODULE ${PROJECT_SOURCE_DIR}/tests/launch/mpich_idle_sleep.c)
+  target_link_libraries(dtl_mpich_idle_sleep PRIVATE ${CMAKE_DL_LIBS})
+  list(APPEND DTL_MPI_ENV "LD_PRELOAD=$<TARGET_FILE:dtl_mpich_idle_sleep>")
 endif()
 
 # The same launcher as a script for `make demo` and `make bench`, so that the Makefile never guesses the MPI.

@@ -7,7 +7,7 @@ PREFIX      ?= /usr/local
 NP          ?= 4
 JOBS        ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_FLAGS ?=
-PACKAGES    := libopenmpi-dev openmpi-bin libcmocka-dev libopenblas-dev cmake pkg-config
+PACKAGES    := libopenmpi-dev openmpi-bin libcmocka-dev libopenblas-dev libjansson-dev cmake pkg-config
 # mpirun as root needs the two OMPI_ALLOW variables; small machines need --oversubscribe for 3+ ranks.
 export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1

@@ -9,9 +9,12 @@
 #include "checkpoint/checkpoint_internal.h"
 #include "layout/layout_internal.h"
 
-/* Runs shorter than this, separated by at most this many bytes, are gathered into one read of the window:
- * one system call instead of many, for a few bytes of the gaps read in vain. */
-#define DTL__ST_GATHER ((uint64_t)64 << 10)
+/* Runs shorter than a page, separated by gaps of at most 16 KiB, are gathered into one read of the window:
+ * one system call instead of many, for the gaps read in vain. Longer runs are read one by one straight into
+ * the destination: from the page cache, a gathered read of 8 KiB runs measured up to twice as slow as one
+ * pread per run (bench/dtl_load_perf, S(1)), as each byte of the gaps costs a copy. */
+#define DTL__ST_GATHER_RUN ((uint64_t)4 << 10)
+#define DTL__ST_GATHER_GAP ((uint64_t)16 << 10)
 
 /* Where the bytes of a read go, in destination order: straight into host memory, or through host staging
  * into the device memory of a communicator. */
@@ -123,7 +126,7 @@ dtl_status dtl__st_read_box(const dtl_safetensors *f, const char *fn, const dtl_
   r.k = k;
   uint64_t nruns = total / run;
   size_t run_bytes = (size_t)(run * r.es);
-  bool gather = nruns > 1 && run_bytes < DTL__ST_GATHER && run_bytes * 2 <= f->window;
+  bool gather = nruns > 1 && run_bytes < DTL__ST_GATHER_RUN && run_bytes * 2 <= f->window;
 
   dtl__st_sink sk = {.f = f, .fn = fn, .dev = comm, .dst = dst};
   char *win = NULL;
@@ -149,7 +152,7 @@ dtl_status dtl__st_read_box(const dtl_safetensors *f, const char *fn, const dtl_
     dtl__st_next(&r, next);
     for (; gather && j < nruns; j++, dtl__st_next(&r, next)) {
       uint64_t o = dtl__st_run_at(&r, next);
-      if (o - end > DTL__ST_GATHER || o + run_bytes - start > f->window) break;
+      if (o - end > DTL__ST_GATHER_GAP || o + run_bytes - start > f->window) break;
       end = o + run_bytes;
     }
     if (j == i + 1) {

@@ -54,6 +54,7 @@ bench: build
 	$(BUILD)/bench/dtl_plan_perf
 	for np in 1 2; do $(MPIRUN) -n $$np $(BUILD)/bench/dtl_tp_perf || exit 1; done
 	for np in 2 4; do $(MPIRUN) -n $$np $(BUILD)/bench/dtl_moe_perf -b 64 -e 2K -f 2 || exit 1; done
+	for np in 1 2 4; do $(MPIRUN) -n $$np $(BUILD)/bench/dtl_load_perf -s 256M -n 3 || exit 1; done
 
 install: build
 	cmake --install $(BUILD) --prefix $(PREFIX)

@@ -4,7 +4,9 @@
  * the shard bytes of a rank, the growth of its peak resident memory while loading (VmHWM after the load
  * minus VmRSS before it, peak reset through /proc/self/clear_refs; target: at most shard + 64 MiB), the
  * slowest rank's load time and the aggregate bytes/s of all ranks, next to `cat file > /dev/null` timed in
- * the same run (the page cache is warm for both: the file was just written). Every element is checked.
+ * the same run (the page cache is warm for both: the file was just written), and next to the time it takes
+ * only to allocate and first touch the shard memory (page faults: the floor of any load into new memory,
+ * which cat, reusing one small buffer, does not pay). Every element is checked.
  *   mpirun -n 4 dtl_load_perf [-s 256M] [-n 3] [-d /tmp] */
 #define _GNU_SOURCE
 #include <malloc.h>
@@ -76,7 +78,7 @@ int main(int argc, char **argv) {
     printf("# dtl_load_perf: %d ranks, %d tensors of [%d, %lld] f32, file %.0f MiB, %d rounds (median), warm page cache\n",
            np, ntensors, ROWS, (long long)COLS, (double)file_bytes / (1 << 20), rounds);
     printf("# layout | shard MiB/rank | peak RSS growth MiB (max rank) | growth - shard MiB | load s (slowest rank) | "
-           "aggregate GB/s | cat GB/s | #wrong\n");
+           "aggregate GB/s | cat GB/s | alloc+touch s | #wrong\n");
   }
   malloc_trim(0);
   MPI_Barrier(MPI_COMM_WORLD);
@@ -93,7 +95,8 @@ int main(int argc, char **argv) {
     int64_t s[2], o[2];
     BENCH_TRY(dtl_layout_local_box(l, NULL, s, o));
     size_t local = dtl_layout_local_count(l);
-    double *times = malloc(sizeof(double) * (size_t)rounds), *cats = malloc(sizeof(double) * (size_t)rounds);
+    double *times = malloc(sizeof(double) * (size_t)rounds), *cats = malloc(sizeof(double) * (size_t)rounds),
+           *touches = malloc(sizeof(double) * (size_t)rounds);
     long long growth = 0, wrong = 0;
     for (int k = 0; k < rounds; k++) {
       /* cat, alone: every rank waits. */
@@ -106,6 +109,16 @@ int main(int argc, char **argv) {
         cats[k] = now() - t0;
       }
       MPI_Barrier(MPI_COMM_WORLD);
+      /* Allocating and touching the same shard memory, without reading anything. */
+      double t1 = now();
+      for (int t = 0; t < ntensors; t++) {
+        float *p = malloc(sizeof(float) * (local ? local : 1));
+        memset(p, 1, sizeof(float) * local);
+        __asm__ volatile("" : : "r"(p) : "memory");
+        free(p);
+      }
+      double touch = now() - t1;
+      MPI_Allreduce(&touch, &touches[k], 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
       malloc_trim(0);
       reset_peak();
       long long before = status_bytes("VmRSS");
@@ -139,12 +152,13 @@ int main(int argc, char **argv) {
     if (rank == 0) {
       double c = bench_median(cats, rounds);
       double moved = (double)local * 4 * ntensors * np; /* every rank's shard bytes */
-      printf("%-5s | %8.1f | %8.1f | %+7.1f | %.3f | %.2f | %.2f | %lld\n", names[li], shard_mib,
+      printf("%-5s | %8.1f | %8.1f | %+7.1f | %.3f | %.2f | %.2f | %.3f | %lld\n", names[li], shard_mib,
              (double)max_growth / (1 << 20), (double)max_growth / (1 << 20) - shard_mib, t, moved / t / 1e9,
-             (double)file_bytes / c / 1e9, all_wrong);
+             (double)file_bytes / c / 1e9, bench_median(touches, rounds), all_wrong);
     }
     free(times);
     free(cats);
+    free(touches);
     dtl_layout_destroy(l);
   }
   MPI_Barrier(MPI_COMM_WORLD);

@@ -52,8 +52,11 @@ const char *dtl__st_shape_str(int ndim, const int64_t *shape, char *buf, size_t 
 /* The name as it can be printed in a message: at most 80 bytes, non-printable bytes as '?'. */
 const char *dtl__st_quote(const char *name, char *buf, size_t cap);
 
-/* pread of exactly n bytes at off (EINTR retried); a short file or an I/O error is DTL_ERR_INVALID_ARGUMENT
- * naming the file and the bytes. */
+/* pread (or pwrite when write) of exactly n bytes at off, through short transfers and EINTR: 0, the errno of
+ * a failure, or -1 when the file ends first. */
+int dtl__st_io(int fd, void *buf, size_t n, uint64_t off, bool write);
+/* dtl__st_io reading f; a short file or an I/O error is DTL_ERR_INVALID_ARGUMENT naming the file and the
+ * bytes. */
 dtl_status dtl__st_pread(const dtl_safetensors *f, const char *fn, void *buf, size_t n, uint64_t off);
 
 /* Reads the box [off, off + box) of t seen with the row-major shape view (ndim dims, the same element count

@@ -36,40 +36,21 @@ static dtl_status dtl__st_flush(dtl__st_sink *s) {
   return s->dev->ops->synchronize(s->dev);
 }
 
-/* n bytes of the file at off. */
-static dtl_status dtl__st_sink_read(dtl__st_sink *s, uint64_t off, size_t n) {
-  if (!s->dev) {
-    DTL_TRY(dtl__st_pread(s->f, s->fn, s->dst + s->at, n, off));
-    s->at += n;
-    return DTL_OK;
-  }
+/* n bytes, from the file at off (src NULL) or from host memory src. */
+static dtl_status dtl__st_sink_take(dtl__st_sink *s, const char *src, uint64_t off, size_t n) {
   while (n) {
-    size_t k = n < s->cap - s->staged ? n : s->cap - s->staged;
-    DTL_TRY(dtl__st_pread(s->f, s->fn, s->stage + s->staged, k, off));
-    s->staged += k;
-    s->at += k;
+    char *to = s->dev ? s->stage + s->staged : s->dst + s->at;
+    size_t k = s->dev && n > s->cap - s->staged ? s->cap - s->staged : n;
+    if (src) {
+      memcpy(to, src, k);
+      src += k;
+    } else {
+      DTL_TRY(dtl__st_pread(s->f, s->fn, to, k, off));
+    }
     off += k;
     n -= k;
-    if (s->staged == s->cap) DTL_TRY(dtl__st_flush(s));
-  }
-  return DTL_OK;
-}
-
-/* n bytes already in host memory. */
-static dtl_status dtl__st_sink_put(dtl__st_sink *s, const char *src, size_t n) {
-  if (!s->dev) {
-    memcpy(s->dst + s->at, src, n);
-    s->at += n;
-    return DTL_OK;
-  }
-  while (n) {
-    size_t k = n < s->cap - s->staged ? n : s->cap - s->staged;
-    memcpy(s->stage + s->staged, src, k);
-    s->staged += k;
     s->at += k;
-    src += k;
-    n -= k;
-    if (s->staged == s->cap) DTL_TRY(dtl__st_flush(s));
+    if (s->dev && (s->staged += k) == s->cap) DTL_TRY(dtl__st_flush(s));
   }
   return DTL_OK;
 }
@@ -156,11 +137,11 @@ dtl_status dtl__st_read_box(const dtl_safetensors *f, const char *fn, const dtl_
       end = o + run_bytes;
     }
     if (j == i + 1) {
-      DTL_TRY_GOTO(dtl__st_sink_read(&sk, start, run_bytes), st, done);
+      DTL_TRY_GOTO(dtl__st_sink_take(&sk, NULL, start, run_bytes), st, done);
     } else {
       DTL_TRY_GOTO(dtl__st_pread(f, fn, win, (size_t)(end - start), start), st, done);
       for (uint64_t g = i; g < j; g++, dtl__st_next(&r, group))
-        DTL_TRY_GOTO(dtl__st_sink_put(&sk, win + (dtl__st_run_at(&r, group) - start), run_bytes), st, done);
+        DTL_TRY_GOTO(dtl__st_sink_take(&sk, win + (dtl__st_run_at(&r, group) - start), 0, run_bytes), st, done);
     }
     memcpy(r.idx, next, sizeof next);
     i = j;

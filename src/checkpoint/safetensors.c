@@ -278,21 +278,28 @@ done:
   return st;
 }
 
-dtl_status dtl__st_pread(const dtl_safetensors *f, const char *fn, void *buf, size_t n, uint64_t off) {
+int dtl__st_io(int fd, void *buf, size_t n, uint64_t off, bool write) {
   char *p = buf;
   while (n) {
-    ssize_t r = pread(f->fd, p, n, (off_t)off);
+    ssize_t r = write ? pwrite(fd, p, n, (off_t)off) : pread(fd, p, n, (off_t)off);
     if (r < 0 && errno == EINTR) continue;
-    if (r < 0)
-      return DTL__ST_BAD(fn, f->path, "reading %zu bytes at byte %llu failed: %s", n, (unsigned long long)off,
-                         strerror(errno));
-    if (r == 0)
-      return DTL__ST_BAD(fn, f->path, "the file ends before byte %llu (it was %llu bytes when opened: truncated since?)",
-                         (unsigned long long)(off + n), (unsigned long long)f->file_bytes);
+    if (r < 0) return errno;
+    if (r == 0) return -1;
     p += r;
     n -= (size_t)r;
     off += (uint64_t)r;
   }
+  return 0;
+}
+
+dtl_status dtl__st_pread(const dtl_safetensors *f, const char *fn, void *buf, size_t n, uint64_t off) {
+  int e = dtl__st_io(f->fd, buf, n, off, false);
+  if (e > 0)
+    return DTL__ST_BAD(fn, f->path, "reading %zu bytes at byte %llu failed: %s", n, (unsigned long long)off,
+                       strerror(e));
+  if (e < 0)
+    return DTL__ST_BAD(fn, f->path, "the file ends before byte %llu (it was %llu bytes when opened: truncated since?)",
+                       (unsigned long long)(off + n), (unsigned long long)f->file_bytes);
   return DTL_OK;
 }
 

@@ -20,17 +20,10 @@ struct dtl_safetensors_writer {
 };
 
 static dtl_status dtl__st_write_all(const char *fn, const char *what, int fd, const void *buf, size_t n, uint64_t off) {
-  const char *p = buf;
-  while (n) {
-    ssize_t r = pwrite(fd, p, n, (off_t)off);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0)
-      return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "%s: writing %zu bytes at byte %llu failed: %s", what, n,
-                           (unsigned long long)off, r < 0 ? strerror(errno) : "no progress");
-    p += r;
-    n -= (size_t)r;
-    off += (uint64_t)r;
-  }
+  int e = dtl__st_io(fd, (void *)buf, n, off, true);
+  if (e)
+    return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "%s: writing %zu bytes at byte %llu failed: %s", what, n,
+                         (unsigned long long)off, e > 0 ? strerror(e) : "no progress");
   return DTL_OK;
 }
 
@@ -157,15 +150,14 @@ dtl_status dtl_safetensors_write_end(dtl_safetensors_writer *w) {
   DTL_TRY_GOTO(dtl__st_write_all(fn, w->path, fd, "        ", padded - n, 8 + n), st, done);
   for (uint64_t at = 0; at < w->bytes;) {
     size_t k = w->bytes - at < DTL__ST_WINDOW ? (size_t)(w->bytes - at) : DTL__ST_WINDOW;
-    ssize_t r = pread(w->fd, buf, k, (off_t)at);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) {
+    int e = dtl__st_io(w->fd, buf, k, at, false);
+    if (e) {
       st = dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "%s: reading back the data at byte %llu failed: %s", w->path,
-                         (unsigned long long)at, r < 0 ? strerror(errno) : "end of file");
+                         (unsigned long long)at, e > 0 ? strerror(e) : "end of file");
       goto done;
     }
-    DTL_TRY_GOTO(dtl__st_write_all(fn, w->path, fd, buf, (size_t)r, 8 + padded + at), st, done);
-    at += (uint64_t)r;
+    DTL_TRY_GOTO(dtl__st_write_all(fn, w->path, fd, buf, k, 8 + padded + at), st, done);
+    at += k;
   }
   if (close(fd) != 0 && st == DTL_OK)
     st = dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "%s: close failed: %s", w->path, strerror(errno));

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "dtl.h"
+#include "dtype_data.h"
 
 typedef struct {
   const char *name;
@@ -30,32 +31,6 @@ static int64_t count(const spec *s) {
 static double value(int k, int64_t i, dtl_dtype t) {
   return t == DTL_UINT8 ? (double)((i * 7 + k * 13) % 251) : (double)((i * 7 + k * 13) % 201 - 100);
 }
-static void store(void *p, int64_t i, double v, dtl_dtype t) {
-  switch (t) {
-    case DTL_FLOAT32: ((float *)p)[i] = (float)v; break;
-    case DTL_FLOAT64: ((double *)p)[i] = v; break;
-    case DTL_FLOAT16: ((uint16_t *)p)[i] = dtl_f32_to_f16((float)v); break;
-    case DTL_BFLOAT16: ((uint16_t *)p)[i] = dtl_f32_to_bf16((float)v); break;
-    case DTL_INT8: ((int8_t *)p)[i] = (int8_t)v; break;
-    case DTL_UINT8: ((uint8_t *)p)[i] = (uint8_t)v; break;
-    case DTL_INT32: ((int32_t *)p)[i] = (int32_t)v; break;
-    case DTL_INT64: ((int64_t *)p)[i] = (int64_t)v; break;
-  }
-}
-static double load(const void *p, int64_t i, dtl_dtype t) {
-  switch (t) {
-    case DTL_FLOAT32: return ((const float *)p)[i];
-    case DTL_FLOAT64: return ((const double *)p)[i];
-    case DTL_FLOAT16: return dtl_f16_to_f32(((const uint16_t *)p)[i]);
-    case DTL_BFLOAT16: return dtl_bf16_to_f32(((const uint16_t *)p)[i]);
-    case DTL_INT8: return ((const int8_t *)p)[i];
-    case DTL_UINT8: return ((const uint8_t *)p)[i];
-    case DTL_INT32: return ((const int32_t *)p)[i];
-    case DTL_INT64: return (double)((const int64_t *)p)[i];
-  }
-  return 0;
-}
-
 static int fail(const char *what) {
   fprintf(stderr, "interop: %s: %s\n", what, dtl_last_error());
   return 1;
@@ -76,8 +51,8 @@ static int check(const char *path) {
     void *buf = malloc((size_t)count(s) * dtl_dtype_size(t) + 1);
     if (dtl_safetensors_read_box(f, s->name, t, nd, zero, shape, buf) != DTL_OK) return fail(s->name);
     for (int64_t i = 0; i < count(s); i++)
-      if (load(buf, i, t) != value(k, i, t)) {
-        fprintf(stderr, "interop: %s[%lld] = %g, expected %g\n", s->name, (long long)i, load(buf, i, t), value(k, i, t));
+      if (t_get(t, buf, i) != value(k, i, t)) {
+        fprintf(stderr, "interop: %s[%lld] = %g, expected %g\n", s->name, (long long)i, t_get(t, buf, i), value(k, i, t));
         bad = 1;
         break;
       }
@@ -107,7 +82,7 @@ static int write(const char *path) {
   for (int k = 0; k < NSPECS; k++) {
     const spec *s = &specs[k];
     void *buf = malloc((size_t)count(s) * dtl_dtype_size(s->t) + 1);
-    for (int64_t i = 0; i < count(s); i++) store(buf, i, value(k, i, s->t), s->t);
+    for (int64_t i = 0; i < count(s); i++) t_put(s->t, buf, i, value(k, i, s->t));
     dtl_status st = dtl_safetensors_write_add(w, s->name, s->t, s->ndim, s->shape, buf);
     free(buf);
     if (st != DTL_OK) return fail(s->name);

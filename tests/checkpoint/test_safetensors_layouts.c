@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include "checkpoint/checkpoint_internal.h"
 #include "dtl_test.h"
+#include "dtype_data.h"
 
 static dtl_comm *world;
 static char dir[64], path[128];
@@ -26,16 +27,7 @@ static void *dense(dtl_dtype t, size_t n, unsigned seed) {
   for (size_t i = 0; i < n; i++) {
     s = s * 6364136223846793005ull + 1442695040888963407ull;
     int v = (int)((s >> 33) % 201) - 100;
-    switch (t) {
-      case DTL_FLOAT32: ((float *)p)[i] = (float)v; break;
-      case DTL_FLOAT64: ((double *)p)[i] = v; break;
-      case DTL_FLOAT16: ((uint16_t *)p)[i] = dtl_f32_to_f16((float)v); break;
-      case DTL_BFLOAT16: ((uint16_t *)p)[i] = dtl_f32_to_bf16((float)v); break;
-      case DTL_INT8: ((int8_t *)p)[i] = (int8_t)v; break;
-      case DTL_UINT8: ((uint8_t *)p)[i] = (uint8_t)(v + 100); break;
-      case DTL_INT32: ((int32_t *)p)[i] = v; break;
-      case DTL_INT64: ((int64_t *)p)[i] = v; break;
-    }
+    t_put(t, p, i, t == DTL_UINT8 ? v + 100 : v);
   }
   return p;
 }

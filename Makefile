@@ -9,7 +9,7 @@ PREFIX      ?= /usr/local
 NP          ?= 4
 JOBS        ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_FLAGS ?=
-PACKAGES       := libopenmpi-dev openmpi-bin libcmocka-dev libopenblas-dev cmake pkg-config
+PACKAGES       := libopenmpi-dev openmpi-bin libcmocka-dev libopenblas-dev libjansson-dev cmake pkg-config
 MPICH_PACKAGES := libmpich-dev mpich
 # Debian's MPICH beside its default OpenMPI: the suffixed wrapper and launcher pick it. CPU-only, because
 # the NCCL backend does not depend on the MPI and building it twice costs time.
@@ -73,6 +73,7 @@ bench: build
 	$(BUILD)/bench/dtl_plan_perf
 	for np in 1 2; do $(MPIRUN) -n $$np $(BUILD)/bench/dtl_tp_perf || exit 1; done
 	for np in 2 4; do $(MPIRUN) -n $$np $(BUILD)/bench/dtl_moe_perf -b 64 -e 2K -f 2 || exit 1; done
+	for np in 1 2 4; do $(MPIRUN) -n $$np $(BUILD)/bench/dtl_load_perf -s 256M -n 3 || exit 1; done
 
 install: build
 	cmake --install $(BUILD) --prefix $(PREFIX)

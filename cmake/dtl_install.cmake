@@ -66,7 +66,7 @@ endfunction()
 # program; `mpicc` works too. The CUDA runtime and NCCL are public when built, as in the CMake package.
 set(dtl_pc_includes ${MPI_C_INCLUDE_DIRS})
 set(dtl_pc_libs ${MPI_C_LINK_FLAGS} ${MPI_C_LIBRARIES})
-set(dtl_pc_private ${BLAS_LINKER_FLAGS} ${BLAS_LIBRARIES} m)
+set(dtl_pc_private ${BLAS_LINKER_FLAGS} ${BLAS_LIBRARIES} ${DTL_JANSSON_LIB} m)
 if(DTL_HAVE_NCCL)
   list(APPEND dtl_pc_includes ${CUDAToolkit_INCLUDE_DIRS} ${NCCL_INCLUDE_DIR})
   list(APPEND dtl_pc_libs ${CUDA_cudart_LIBRARY} ${NCCL_LIBRARY})

@@ -115,9 +115,9 @@ static void abstract_meshes_cannot_move_data(void) {
 }
 
 /* disagreeing_ranks_get_mismatch_under_dtl_check: rank size-1 asks for another target (or passes a NULL
- * buffer): every rank returns at once, the others with DTL_ERR_MISMATCH naming that rank. */
+ * buffer): every rank returns at once, the others with DTL_ERR_MISMATCH (or that rank's error) naming that
+ * rank. m's communicator was made with DTL_CHECK=1. */
 static void disagreeing_ranks_get_mismatch_under_dtl_check(dtl_mesh *m) {
-  setenv("DTL_CHECK", "1", 1);
   bufs b;
   dtl_layout *s0 = layout(m, DTL_INT32, N, 4, dtl_shard(0)), *r = layout(m, DTL_INT32, N, 4, dtl_replicate());
   dtl_layout *s1 = layout(m, DTL_INT32, N, 4, dtl_shard(1));
@@ -131,26 +131,25 @@ static void disagreeing_ranks_get_mismatch_under_dtl_check(dtl_mesh *m) {
     bool me_odd = rank == size - 1;
     dtl_status st = dtl_redistribute(s0, b.src, me_odd ? s1 : r, b.dst);
     if (rank == 0) printf("  rank 0 was told: %s\n", dtl_last_error());
-    TU_EXPECT(st == DTL_ERR_MISMATCH && strstr(dtl_last_error(), odd) && strstr(dtl_last_error(), "DTL_CHECK"),
+    TU_EXPECT(st == DTL_ERR_MISMATCH && strstr(dtl_last_error(), odd) && strstr(dtl_last_error(), "another call"),
               "different targets: %s %s", dtl_status_name(st), dtl_last_error());
     TU_EXPECT(untouched(&b), "a mismatched call wrote a buffer");
     /* One rank's own argument error: it gets that error, the others a mismatch naming it. */
     st = dtl_redistribute(s0, b.src, r, me_odd ? NULL : b.dst);
     if (me_odd) TU_EXPECT(st == DTL_ERR_INVALID_ARGUMENT && strstr(dtl_last_error(), "dst_local=NULL"), "%s", dtl_last_error());
-    else TU_EXPECT(st == DTL_ERR_MISMATCH && strstr(dtl_last_error(), odd), "%s %s", dtl_status_name(st), dtl_last_error());
+    else TU_EXPECT(st == DTL_ERR_INVALID_ARGUMENT && strstr(dtl_last_error(), odd), "%s %s", dtl_status_name(st), dtl_last_error());
     /* distribute with a root that one rank gets wrong, and with a NULL dense tensor on root. */
     st = dtl_distribute(s0, b.src, me_odd ? 1 : 0, b.dst);
     TU_EXPECT(st == DTL_ERR_MISMATCH, "distribute roots: %s %s", dtl_status_name(st), dtl_last_error());
     st = dtl_distribute(s0, rank == 0 ? NULL : b.src, 0, b.dst);
     if (rank == 0) TU_EXPECT(st == DTL_ERR_INVALID_ARGUMENT && strstr(dtl_last_error(), "dense_on_root=NULL"), "%s", dtl_last_error());
-    else TU_EXPECT(st == DTL_ERR_MISMATCH && strstr(dtl_last_error(), "rank 0 "), "%s %s", dtl_status_name(st), dtl_last_error());
+    else TU_EXPECT(st == DTL_ERR_INVALID_ARGUMENT && strstr(dtl_last_error(), "rank 0 "), "%s %s", dtl_status_name(st), dtl_last_error());
     TU_EXPECT(untouched(&b), "a mismatched call wrote a buffer");
     /* full_tensor of different layouts. */
     st = dtl_full_tensor(me_odd ? s1 : s0, b.src, b.dst);
     TU_EXPECT(st == DTL_ERR_MISMATCH, "full_tensor: %s %s", dtl_status_name(st), dtl_last_error());
     TU_EXPECT(untouched(&b), "a mismatched call wrote a buffer");
   }
-  unsetenv("DTL_CHECK");
   dtl_layout_destroy(s0);
   dtl_layout_destroy(s1);
   dtl_layout_destroy(r);
@@ -160,20 +159,25 @@ int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
-  dtl_comm *c;
-  dtl_mesh *m, *m2;
+  dtl_comm *c, *checked;
+  dtl_mesh *m, *m2, *mc;
   int shape[1] = {size};
-  if (dtl_comm_from_mpi(MPI_COMM_WORLD, &c) != DTL_OK || dtl_mesh_create(c, 1, shape, &m) != DTL_OK ||
-      dtl_mesh_create(c, 1, shape, &m2) != DTL_OK) {
+  setenv("DTL_CHECK", "1", 1); /* read when a communicator is made */
+  dtl_status st = dtl_comm_from_mpi(MPI_COMM_WORLD, &checked);
+  unsetenv("DTL_CHECK");
+  if (st != DTL_OK || dtl_comm_from_mpi(MPI_COMM_WORLD, &c) != DTL_OK || dtl_mesh_create(c, 1, shape, &m) != DTL_OK ||
+      dtl_mesh_create(c, 1, shape, &m2) != DTL_OK || dtl_mesh_create(checked, 1, shape, &mc) != DTL_OK) {
     fprintf(stderr, "setup: %s\n", dtl_last_error());
     return 1;
   }
   mismatched_layout_pairs_are_rejected(m, m2);
   unsupported_transitions_and_aliasing_are_rejected(m);
   abstract_meshes_cannot_move_data();
-  disagreeing_ranks_get_mismatch_under_dtl_check(m);
+  disagreeing_ranks_get_mismatch_under_dtl_check(mc);
   dtl_mesh_destroy(m);
   dtl_mesh_destroy(m2);
+  dtl_mesh_destroy(mc);
   dtl_comm_destroy(c);
+  dtl_comm_destroy(checked);
   return tu_finish("test_redistribute_errors");
 }

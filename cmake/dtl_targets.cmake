@@ -7,6 +7,9 @@
 set(DTL_MPIEXEC ${MPIEXEC_EXECUTABLE} --oversubscribe --bind-to none)
 set(DTL_MPI_ENV OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
     OMPI_MCA_btl=self,vader)
+# Every test and example runs with DTL_CHECK=1: a rank with a bad argument or another call fails every rank
+# instead of hanging or computing wrong data (tests that need it off set DTL_CHECK=0 before making a comm).
+list(APPEND DTL_MPI_ENV DTL_CHECK=1)
 if(DTL_SANITIZE)
   list(APPEND DTL_MPI_ENV "ASAN_OPTIONS=detect_leaks=0:abort_on_error=0:protect_shadow_gap=0" "UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1")
 endif()

@@ -22,8 +22,19 @@
  * collective, and ranks that pass different counts, shapes, roots or plans get undefined results: DTL_OK
  * with wrong data is possible. That is the caller's contract violation, as in MPI; DTL_CHECK turns it into an
  * error. What no agreement can cover: a NULL or aborted communicator (or handle: mesh, layout, context,
- * layer), which leaves no way to reach the peers; ranks that do not make the call at all; and failures inside
- * the engine once a collective has started (DTL_ERR_COMM, or a hang if one rank's engine dies). */
+ * layer), which leaves no way to reach the peers; ranks that do not make the call at all; the nonblocking
+ * starts (*_async), which must return without waiting for the peers and so never agree; and failures inside
+ * the engine once a collective has started (DTL_ERR_COMM, or a hang if one rank's engine dies).
+ *
+ * Threads. A communicator is used by one thread at a time, and so is everything built on it: the
+ * communicators split from it, the meshes over it (with their dim communicators and plan cache), the
+ * layouts and plans on those meshes while a call uses them, TP contexts and their layers, MoE layouts, and
+ * requests. Different communicators, with what is built on each, may be used from different threads at the
+ * same time (an NCCL one with its device current on the calling thread). An abstract mesh counts as a
+ * communicator of its own. Calls that take no dtl object (dtype and placement helpers, dtl_moe_router_topk,
+ * dtl_moe_placement_create) may run on any thread. Process-wide: the message of dtl_last_error() is kept per
+ * thread, and the logging configuration (DTL_LOG, DTL_LOG_SUBSYS, DTL_LOG_FILE) is read once per process at
+ * the first log call of any thread. dtl keeps no other global state. */
 #ifndef DTL_COMM_H
 #define DTL_COMM_H
 
@@ -36,7 +47,7 @@ extern "C" {
 typedef struct dtl_comm dtl_comm;
 
 /* Which memory a communicator's buffers live in. */
-typedef enum { DTL_MEMORY_HOST, DTL_MEMORY_DEVICE } dtl_memory;
+typedef enum { DTL_MEMORY_HOST = 0, DTL_MEMORY_DEVICE = 1 } dtl_memory;
 
 DTL_API int dtl_comm_rank(const dtl_comm *c); /* -1 for NULL */
 DTL_API int dtl_comm_size(const dtl_comm *c); /* -1 for NULL */
@@ -114,8 +125,10 @@ DTL_API dtl_status dtl_all_to_allv(dtl_comm *c, const void *send, const size_t *
 
 /* --- Nonblocking all-rank collectives. ----------------------------------------------------------------
  * Each *_async call checks its arguments like the blocking form, starts the operation and stores a request
- * in *req. The buffers (and count arrays) belong to the operation until dtl_wait returns: do not touch
- * them before. Every request must be passed to dtl_wait exactly once. A transport without nonblocking
+ * in *req. A start never waits for the peers, so it does not agree even under DTL_CHECK: a rank whose start
+ * fails returns alone, and its peers' requests do not complete. The buffers (and count arrays) belong to
+ * the operation until dtl_wait returns: do not touch them before. Every request must be passed to dtl_wait
+ * exactly once. A transport without nonblocking
  * collectives (NCCL: its calls are already asynchronous on the communicator's stream) returns
  * DTL_ERR_UNSUPPORTED. Blocking and nonblocking collectives on one communicator are started in the same
  * order on every rank, like all collectives. */
@@ -147,6 +160,22 @@ DTL_API dtl_status dtl_test(dtl_request *req, int *done);
 DTL_API dtl_status dtl_send(dtl_comm *c, const void *buf, size_t count, dtl_dtype t, int peer);
 /* count elements from peer; DTL_ERR_MISMATCH when peer sent fewer, DTL_ERR_COMM when it sent more. */
 DTL_API dtl_status dtl_recv(dtl_comm *c, void *buf, size_t count, dtl_dtype t, int peer);
+/* Sends send_count elements to dest and receives recv_count elements from source in one call, as
+ * MPI_Sendrecv: both transfers progress together, so every rank of a ring may shift its block to the next
+ * rank at once without ordering the calls. dest and source are ranks of c; dest may be this rank only when
+ * source is too (a message to oneself is received by the same call, a local copy that cannot deadlock). send
+ * and recv must not overlap. The message travels like dtl_send's, so the peer may use dtl_send/dtl_recv
+ * instead. DTL_ERR_MISMATCH when source sent fewer than recv_count elements, DTL_ERR_COMM when it sent more
+ * (to oneself: checked before anything is copied). On NCCL a pair's counts must agree: it cannot detect a
+ * mismatch. */
+DTL_API dtl_status dtl_sendrecv(dtl_comm *c, const void *send, size_t send_count, int dest, void *recv,
+                                size_t recv_count, int source, dtl_dtype t);
+/* The nonblocking form, for overlapping the transfer with compute (ring algorithms): checks its arguments
+ * like dtl_sendrecv, starts both transfers and stores a request that dtl_wait completes (with the count
+ * check) and dtl_test polls; send and recv belong to the operation until then. NCCL: DTL_ERR_UNSUPPORTED,
+ * since dtl_sendrecv itself only enqueues on the communicator's stream. */
+DTL_API dtl_status dtl_sendrecv_async(dtl_comm *c, const void *send, size_t send_count, int dest, void *recv,
+                                      size_t recv_count, int source, dtl_dtype t, dtl_request **req);
 
 #ifdef __cplusplus
 }

@@ -409,6 +409,8 @@ dtl_status dtl__all_to_allv_agreed(dtl_comm *c, const void *send, const size_t *
 }
 
 /* --- nonblocking forms ----------------------------------------------------------------------------------- */
+/* A start returns without waiting for the peers (MPI lets a program rely on that, e.g. by starting on one rank
+ * and only then telling the next rank to start), so the starts never agree, not even under DTL_CHECK. */
 static dtl_status dtl__check_async(const char *fn, dtl_comm *c, const void *op_fn, dtl_request **req) {
   DTL_CHECK_ARG(req != NULL, fn, "req=NULL");
   DTL_TRY(dtl__check_comm(fn, c));
@@ -421,54 +423,48 @@ static dtl_status dtl__check_async(const char *fn, dtl_comm *c, const void *op_f
 dtl_status dtl_all_gather_async(dtl_comm *c, const void *send, void *recv, size_t send_count, dtl_dtype t,
                                 dtl_request **req) {
   static const char fn[] = "dtl_all_gather_async";
-  dtl_status v = dtl__check_async(fn, c, DTL__ASYNC(all_gather_async), req);
-  if (v == DTL_OK) v = dtl__args_all_gather(fn, c, send, recv, send_count, t);
-  DTL__ENTER(c, fn, v, dtl__fp_call(fn, send_count, t, dtl__in_place_at(send, recv, c, send_count, t), 0));
+  DTL_TRY(dtl__check_async(fn, c, DTL__ASYNC(all_gather_async), req));
+  DTL_TRY(dtl__args_all_gather(fn, c, send, recv, send_count, t));
   return c->ops->all_gather_async(c, send, recv, send_count, t, req);
 }
 
 dtl_status dtl_all_gatherv_async(dtl_comm *c, const void *send, size_t send_count, void *recv,
                                  const size_t *recv_counts, dtl_dtype t, dtl_request **req) {
   static const char fn[] = "dtl_all_gatherv_async";
-  dtl_status v = dtl__check_async(fn, c, DTL__ASYNC(all_gatherv_async), req);
-  if (v == DTL_OK) v = dtl__args_all_gatherv(fn, c, send, send_count, recv, recv_counts, t);
-  DTL__ENTER(c, fn, v, dtl__fp_call(fn, dtl__fp_sizes(0, recv_counts, c->size), t, 0, 0));
+  DTL_TRY(dtl__check_async(fn, c, DTL__ASYNC(all_gatherv_async), req));
+  DTL_TRY(dtl__args_all_gatherv(fn, c, send, send_count, recv, recv_counts, t));
   return c->ops->all_gatherv_async(c, send, send_count, recv, recv_counts, t, req);
 }
 
 dtl_status dtl_all_reduce_async(dtl_comm *c, const void *send, void *recv, size_t count, dtl_dtype t,
                                 dtl_reduce_op op, dtl_request **req) {
   static const char fn[] = "dtl_all_reduce_async";
-  dtl_status v = dtl__check_async(fn, c, DTL__ASYNC(all_reduce_async), req);
-  if (v == DTL_OK) v = dtl__args_all_reduce(fn, c, send, recv, count, t, op);
-  DTL__ENTER(c, fn, v, dtl__fp_call(fn, count, t, op, count && send == recv));
+  DTL_TRY(dtl__check_async(fn, c, DTL__ASYNC(all_reduce_async), req));
+  DTL_TRY(dtl__args_all_reduce(fn, c, send, recv, count, t, op));
   return c->ops->all_reduce_async(c, send, recv, count, t, op, req);
 }
 
 dtl_status dtl_reduce_scatter_async(dtl_comm *c, const void *send, void *recv, size_t recv_count, dtl_dtype t,
                                     dtl_reduce_op op, dtl_request **req) {
   static const char fn[] = "dtl_reduce_scatter_async";
-  dtl_status v = dtl__check_async(fn, c, DTL__ASYNC(reduce_scatter_async), req);
-  if (v == DTL_OK) v = dtl__args_reduce_scatter(fn, c, send, recv, recv_count, t, op);
-  DTL__ENTER(c, fn, v, dtl__fp_call(fn, recv_count, t, op, dtl__in_place_at(recv, send, c, recv_count, t)));
+  DTL_TRY(dtl__check_async(fn, c, DTL__ASYNC(reduce_scatter_async), req));
+  DTL_TRY(dtl__args_reduce_scatter(fn, c, send, recv, recv_count, t, op));
   return c->ops->reduce_scatter_async(c, send, recv, recv_count, t, op, req);
 }
 
 dtl_status dtl_all_to_all_async(dtl_comm *c, const void *send, void *recv, size_t count_per_peer, dtl_dtype t,
                                 dtl_request **req) {
   static const char fn[] = "dtl_all_to_all_async";
-  dtl_status v = dtl__check_async(fn, c, DTL__ASYNC(all_to_all_async), req);
-  if (v == DTL_OK) v = dtl__args_all_to_all(fn, c, send, recv, count_per_peer, t);
-  DTL__ENTER(c, fn, v, dtl__fp_call(fn, count_per_peer, t, count_per_peer && send == recv, 0));
+  DTL_TRY(dtl__check_async(fn, c, DTL__ASYNC(all_to_all_async), req));
+  DTL_TRY(dtl__args_all_to_all(fn, c, send, recv, count_per_peer, t));
   return c->ops->all_to_all_async(c, send, recv, count_per_peer, t, req);
 }
 
 dtl_status dtl_all_to_allv_async(dtl_comm *c, const void *send, const size_t *send_counts, void *recv,
                                  const size_t *recv_counts, dtl_dtype t, dtl_request **req) {
   static const char fn[] = "dtl_all_to_allv_async";
-  dtl_status v = dtl__check_async(fn, c, DTL__ASYNC(all_to_allv_async), req);
-  if (v == DTL_OK) v = dtl__args_all_to_allv(fn, c, send, send_counts, recv, recv_counts, t);
-  DTL__ENTER(c, fn, v, dtl__fp_call(fn, t, 0, 0, 0));
+  DTL_TRY(dtl__check_async(fn, c, DTL__ASYNC(all_to_allv_async), req));
+  DTL_TRY(dtl__args_all_to_allv(fn, c, send, send_counts, recv, recv_counts, t));
   return c->ops->all_to_allv_async(c, send, send_counts, recv, recv_counts, t, req);
 }
 
@@ -505,4 +501,41 @@ dtl_status dtl_send(dtl_comm *c, const void *buf, size_t count, dtl_dtype t, int
 dtl_status dtl_recv(dtl_comm *c, void *buf, size_t count, dtl_dtype t, int peer) {
   DTL_TRY(dtl__args_p2p("dtl_recv", c, buf, count, t, peer));
   return c->ops->recv(c, buf, count, t, peer);
+}
+
+/* The rules of both sendrecv forms. A message to oneself is checked here in full (counts included), so that
+ * neither transport needs its own rule and a failed call writes nothing. */
+static dtl_status dtl__args_sendrecv(const char *fn, dtl_comm *c, const void *send, size_t send_count, int dest,
+                                     const void *recv, size_t recv_count, int source, dtl_dtype t) {
+  size_t sbytes, rbytes;
+  DTL_TRY(dtl__check_common(fn, c, t));
+  DTL_TRY(dtl__check_rank(fn, "dest", c, dest));
+  DTL_TRY(dtl__check_rank(fn, "source", c, source));
+  if ((dest == c->rank) != (source == c->rank))
+    return dtl__error(DTL_ERR_INVALID_ARGUMENT, "%s: dest=%d source=%d (expected both or neither to be this rank %d: "
+                      "a message to oneself is received by the same call)", fn, dest, source, c->rank);
+  DTL_TRY(dtl__check_buf(fn, "send", send, "send_count", send_count, 1, t, &sbytes));
+  DTL_TRY(dtl__check_buf(fn, "recv", recv, "recv_count", recv_count, 1, t, &rbytes));
+  if (dtl__overlap(send, sbytes, recv, rbytes))
+    return dtl__error(DTL_ERR_INVALID_ARGUMENT, "%s: send=%p (%zu bytes) and recv=%p (%zu bytes) overlap (expected "
+                      "separate buffers)", fn, send, sbytes, recv, rbytes);
+  if (dest == c->rank && send_count != recv_count) /* the status that message would bring from another rank */
+    return dtl__error(send_count < recv_count ? DTL_ERR_MISMATCH : DTL_ERR_COMM,
+                      "%s: send_count=%zu to this rank but recv_count=%zu (a message to oneself has one count)", fn,
+                      send_count, recv_count);
+  return DTL_OK;
+}
+
+dtl_status dtl_sendrecv(dtl_comm *c, const void *send, size_t send_count, int dest, void *recv, size_t recv_count,
+                        int source, dtl_dtype t) {
+  DTL_TRY(dtl__args_sendrecv("dtl_sendrecv", c, send, send_count, dest, recv, recv_count, source, t));
+  return c->ops->sendrecv(c, send, send_count, dest, recv, recv_count, source, t);
+}
+
+dtl_status dtl_sendrecv_async(dtl_comm *c, const void *send, size_t send_count, int dest, void *recv,
+                              size_t recv_count, int source, dtl_dtype t, dtl_request **req) {
+  static const char fn[] = "dtl_sendrecv_async";
+  DTL_TRY(dtl__check_async(fn, c, DTL__ASYNC(sendrecv_async), req));
+  DTL_TRY(dtl__args_sendrecv(fn, c, send, send_count, dest, recv, recv_count, source, t));
+  return c->ops->sendrecv_async(c, send, send_count, dest, recv, recv_count, source, t, req);
 }

@@ -19,6 +19,17 @@ static const char *dtl__mesh_shape_text(int ndim, const int *shape, char txt[64]
   return txt;
 }
 
+/* A zeroed mesh and its memo, in one allocation (freed by dtl__free on the mesh). */
+static dtl_mesh *dtl__mesh_alloc(void) {
+  struct dtl__mesh_block {
+    dtl_mesh mesh; /* first: the block's address is the mesh's */
+    dtl__mesh_memo memo;
+  } *b = dtl__calloc(1, sizeof *b);
+  if (!b) return NULL;
+  b->mesh.memo = &b->memo;
+  return &b->mesh;
+}
+
 /* Checks ndim and shape; *prod gets the product of the shape. */
 static dtl_status dtl__mesh_check_shape(const char *fn, int ndim, const int *shape, int64_t *prod) {
   DTL_CHECK_ARG(ndim >= 1 && ndim <= DTL_MAX_MESH_DIMS, fn, "ndim=%d (expected 1..%d)", ndim, DTL_MAX_MESH_DIMS);
@@ -42,7 +53,7 @@ dtl_status dtl_mesh_create_abstract(int ndim, const int *shape, const int *coord
   DTL_TRY(dtl__mesh_check_shape(fn, ndim, shape, &prod));
   for (int d = 0; coord && d < ndim; d++)
     DTL_CHECK_ARG(coord[d] >= 0 && coord[d] < shape[d], fn, "coord[%d]=%d (expected 0..%d)", d, coord[d], shape[d] - 1);
-  dtl_mesh *m = dtl__calloc(1, sizeof *m);
+  dtl_mesh *m = dtl__mesh_alloc();
   if (!m) return dtl__error(DTL_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
   m->ndim = ndim;
   m->size = (int)prod;
@@ -72,14 +83,14 @@ dtl_status dtl_mesh_create(dtl_comm *c, int ndim, const int *shape, dtl_mesh **o
                           dtl__mesh_shape_text(ndim, shape, txt), (long long)prod, c->size);
   }
   dtl_mesh *m = NULL;
-  if (local == DTL_OK && !(m = dtl__calloc(1, sizeof *m))) local = dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory");
+  if (local == DTL_OK && !(m = dtl__mesh_alloc())) local = dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory");
   /* DTL_CHECK too: ranks that disagree about it would pair an agreement with another rank's collective. */
   uint64_t fp = dtl__fp_mix(0x6d657368ull + c->check, (uint64_t)ndim);
   for (int d = 0; local == DTL_OK && d < ndim; d++) fp = dtl__fp_mix(fp, (uint64_t)shape[d]);
   int64_t id = dtl__agree_nonce(m, c->rank);
   dtl_status st = dtl__agree_max(c, fn, fp, local, &id, 1);
   if (st != DTL_OK) {
-    dtl__free(m);
+    dtl_mesh_destroy(m);
     return st;
   }
   m->comm = c;
@@ -141,7 +152,7 @@ dtl_status dtl_mesh_coord_of(const dtl_mesh *m, int rank, int *coord) {
 
 void dtl_mesh_destroy(dtl_mesh *m) {
   if (!m) return;
-  if (m->cache && m->cache_free) m->cache_free(m->cache);
+  if (m->memo->cache && m->memo->cache_free) m->memo->cache_free(m->memo->cache);
   for (int d = 0; d < m->ndim; d++) dtl_comm_destroy(m->dim_comm[d]);
   dtl__free(m);
 }

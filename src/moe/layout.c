@@ -56,9 +56,6 @@ static dtl_status dtl__resolve_comms(dtl_comm *c, const dtl_moe_layout_params *p
 }
 
 static dtl_status dtl__resolve_opts(const dtl_moe_layout_params *prm, dtl__moe_opts *o) {
-  static const uint64_t known = DTL_MOE_LAYOUT_CAPACITY_FACTOR | DTL_MOE_LAYOUT_DROP_POLICY |
-                                DTL_MOE_LAYOUT_PAD_MULTIPLE | DTL_MOE_LAYOUT_EXCHANGE | DTL_MOE_LAYOUT_VERIFY |
-                                DTL_MOE_LAYOUT_COUNT_COMM;
   o->has_capacity = false;
   o->factor = 0;
   o->policy = DTL_MOE_DROP_POSITION;
@@ -67,7 +64,11 @@ static dtl_status dtl__resolve_opts(const dtl_moe_layout_params *prm, dtl__moe_o
   o->verify = true;
   if (!prm) return DTL_OK;
   uint64_t m = prm->mask;
-  DTL_CHECK_ARG(!(m & ~known), fn, "params.mask=0x%llx has unknown bits", (unsigned long long)m);
+  DTL_TRY(dtl__check_bits(fn, "params.mask", m,
+                          DTL__BITS(DTL_MOE_LAYOUT_CAPACITY_FACTOR, DTL_MOE_LAYOUT_DROP_POLICY,
+                                    DTL_MOE_LAYOUT_PAD_MULTIPLE, DTL_MOE_LAYOUT_EXCHANGE, DTL_MOE_LAYOUT_VERIFY,
+                                    DTL_MOE_LAYOUT_COUNT_COMM)));
+  DTL_TRY(dtl__check_bits(fn, "params.flags", prm->flags, DTL__NO_BITS));
   if (m & DTL_MOE_LAYOUT_CAPACITY_FACTOR) {
     double f = prm->capacity_factor;
     DTL_CHECK_ARG(f > 0 && f <= 1e9, fn, "params.capacity_factor=%g (expected finite and > 0)", f);

@@ -24,6 +24,7 @@ static dtl_status dtl__tp_embedding_build(dtl_tp_context *ctx, const dtl_tp_embe
                                           dtl_tp_embedding **out) {
   static const char fn[] = "dtl_tp_embedding_create";
   DTL_CHECK_ARG(p != NULL, fn, "params=NULL");
+  DTL_TRY(dtl__tp_check_bits(fn, "params", p->mask, DTL__NO_BITS, p->flags, DTL__BITS(DTL_TP_SEQUENCE_PARALLEL)));
   DTL_CHECK_ARG(p->vocab >= 1 && p->hidden >= 1, fn, "vocab=%lld hidden=%lld (expected >= 1)", (long long)p->vocab,
                 (long long)p->hidden);
   DTL_CHECK_ARG(p->table != NULL, fn, "table=NULL (the dense [vocab, hidden] table is required)");
@@ -33,7 +34,7 @@ static dtl_status dtl__tp_embedding_build(dtl_tp_context *ctx, const dtl_tp_embe
   dtl_tp_embedding *e = dtl__calloc(1, sizeof *e);
   if (!e) return dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory");
   e->ctx = ctx;
-  e->sp = (p->mask & DTL_TP_SEQUENCE_PARALLEL) != 0;
+  e->sp = (p->flags & DTL_TP_SEQUENCE_PARALLEL) != 0;
   e->vocab = p->vocab;
   e->hidden = p->hidden;
   e->rows = dtl__tp_chunk(ctx, p->vocab, ctx->rank);
@@ -54,7 +55,7 @@ dtl_status dtl_tp_embedding_create(dtl_tp_context *ctx, const dtl_tp_embedding_p
   DTL_CHECK_ARG(ctx != NULL, fn, "ctx=NULL");
   dtl_tp_embedding *e = NULL;
   dtl_status st = out ? dtl__tp_embedding_build(ctx, p, &e) : dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "out=NULL");
-  st = dtl__agree(ctx->comm, fn, st == DTL_OK ? dtl__tp_fp(ctx, fn, p->vocab, p->hidden, p->mask & 1, 0) : 0, st);
+  st = dtl__agree(ctx->comm, fn, st == DTL_OK ? dtl__tp_fp(ctx, fn, p->vocab, p->hidden, p->flags & 1, 0) : 0, st);
   if (st != DTL_OK) {
     dtl_tp_embedding_destroy(e);
     return st;
@@ -65,6 +66,7 @@ dtl_status dtl_tp_embedding_create(dtl_tp_context *ctx, const dtl_tp_embedding_p
 
 dtl_status dtl_tp_embedding_layout(const dtl_tp_embedding *e, int64_t tokens, dtl_layout **out) {
   DTL_CHECK_ARG(e != NULL, "dtl_tp_embedding_layout", "embedding=NULL");
+  DTL_CHECK_ARG(out != NULL, "dtl_tp_embedding_layout", "out=NULL");
   return dtl__tp_layouts(e->ctx, "dtl_tp_embedding_layout", tokens, 0, dtl_replicate(), e->hidden, dtl__tp_emb_p(e),
                          NULL, out);
 }

@@ -23,6 +23,7 @@ static dtl_placement dtl__tp_mlp_p(const dtl_tp_mlp *m) { return m->sp ? dtl_sha
 static dtl_status dtl__tp_mlp_build(dtl_tp_context *ctx, const dtl_tp_mlp_params *p, dtl_tp_mlp **out) {
   static const char fn[] = "dtl_tp_mlp_create";
   DTL_CHECK_ARG(p != NULL, fn, "params=NULL");
+  DTL_TRY(dtl__tp_check_bits(fn, "params", p->mask, DTL__NO_BITS, p->flags, DTL__BITS(DTL_TP_SEQUENCE_PARALLEL)));
   DTL_CHECK_ARG(p->activation == DTL_TP_ACT_SILU_GATED || p->activation == DTL_TP_ACT_GELU, fn,
                 "activation=%d (expected DTL_TP_ACT_SILU_GATED or DTL_TP_ACT_GELU)", (int)p->activation);
   DTL_CHECK_ARG(p->hidden >= 1 && p->ffn >= 1, fn, "hidden=%lld ffn=%lld (expected >= 1)", (long long)p->hidden,
@@ -38,7 +39,7 @@ static dtl_status dtl__tp_mlp_build(dtl_tp_context *ctx, const dtl_tp_mlp_params
   if (!m) return dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory");
   m->ctx = ctx;
   m->act = p->activation;
-  m->sp = (p->mask & DTL_TP_SEQUENCE_PARALLEL) != 0;
+  m->sp = (p->flags & DTL_TP_SEQUENCE_PARALLEL) != 0;
   m->hidden = p->hidden;
   m->ffn = p->ffn;
   dtl_tp_range f = dtl__tp_chunk(ctx, p->ffn, ctx->rank);
@@ -64,7 +65,7 @@ dtl_status dtl_tp_mlp_create(dtl_tp_context *ctx, const dtl_tp_mlp_params *p, dt
   dtl_tp_mlp *m = NULL;
   dtl_status st = out ? dtl__tp_mlp_build(ctx, p, &m) : dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "out=NULL");
   uint64_t fp = st == DTL_OK ? dtl__tp_fp(ctx, fn, p->activation, p->hidden, p->ffn,
-                                          (int64_t)(p->mask & 1) << 2 | (p->gate_up_bias != NULL) << 1 |
+                                          (int64_t)(p->flags & 1) << 2 | (p->gate_up_bias != NULL) << 1 |
                                               (p->down_bias != NULL)) : 0;
   st = dtl__agree(ctx->comm, fn, fp, st);
   if (st != DTL_OK) {

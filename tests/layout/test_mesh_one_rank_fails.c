@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* dtl_mesh_create is collective and agreed, with or without DTL_CHECK: one rank's dt_bad argument, another
+/* dtl_mesh_create is collective and agreed, with or without DTL_CHECK: one rank's bad argument, another
  * shape, missing memory or a failed split fails every rank (under the watchdog) and leaves no mesh; ranks
  * that disagree about DTL_CHECK itself are caught here, before any checked call could pair up wrongly. */
 #include "common/alloc.h"

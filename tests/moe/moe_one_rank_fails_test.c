@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* One rank's dt_bad argument or missing memory fails every MoE rank, under the watchdog: layout creation agrees
- * before its count exchange (out=NULL and a dt_bad count_comm included) and after it (the maps and receive
+/* One rank's bad argument or missing memory fails every MoE rank, under the watchdog: layout creation agrees
+ * before its count exchange (out=NULL and a bad count_comm included) and after it (the maps and receive
  * staging it allocates then), dispatch and combine agree under verify or DTL_CHECK, and with DTL_CHECK a
  * rank whose experts failed fails every rank in dtl_moe_experts_run instead of leaving them in combine. */
 #include "common/internal.h"
@@ -41,7 +41,7 @@ static void a_rank_without_memory_at_any_step_of_creation_fails_every_rank(void)
   CHECK_OK(create(plain, NULL, &L));
   uint64_t n = dtl__alloc_hook_count();
   dtl_moe_layout_destroy(L);
-  MPI_Bcast(&n, 1, MPI_UINT64_T, dt_bad, MPI_COMM_WORLD); /* the dt_bad rank's count */
+  MPI_Bcast(&n, 1, MPI_UINT64_T, dt_bad, MPI_COMM_WORLD); /* the bad rank's count */
   CHECK(n >= 3, "only %llu allocations in a creation", (unsigned long long)n);
   for (uint64_t at = 1; at <= n; at++) {
     L = NULL;

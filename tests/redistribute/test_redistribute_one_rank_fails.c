@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* One rank's dt_bad argument, missing memory or different call fails every rank of a redistribution, under the
+/* One rank's bad argument, missing memory or different call fails every rank of a redistribution, under the
  * watchdog. With DTL_CHECK on the mesh's communicator, dtl_plan_execute, dtl_redistribute and
  * dtl_full_tensor agree on the plan's fingerprint (layouts, mesh, steps, cost model) and every rank's
  * verdict (arguments and scratch) before the first step; dtl_distribute, whose root alone reads and packs,

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* One rank's dt_bad argument, missing scratch or different call fails every TP rank, under the watchdog.
+/* One rank's bad argument, missing scratch or different call fails every TP rank, under the watchdog.
  * Creation (context, layers) agrees with or without DTL_CHECK; with DTL_CHECK every forward and
  * communication half checks its arguments and takes its scratch, then agrees, before its first collective
  * (a sequence-parallel forward's all-gather included), so a NULL output on one rank no longer leaves the
@@ -43,20 +43,20 @@ static void forwards_with_a_null_output_on_one_rank_fail_every_rank(void) {
   dtl_tp_attention *attn = NULL, *attn_sp = NULL;
   dtl_tp_linear_params lp = {.kind = DTL_TP_COLUMN, .in_features = H, .out_features = H, .weight = w};
   CHECK_OK(dtl_tp_linear_create(ctx, &lp, &col));
-  lp.mask = DTL_TP_SEQUENCE_PARALLEL | DTL_TP_GATHER_OUTPUT;
+  lp.flags = DTL_TP_SEQUENCE_PARALLEL | DTL_TP_GATHER_OUTPUT;
   CHECK_OK(dtl_tp_linear_create(ctx, &lp, &col_sp));
   lp.kind = DTL_TP_ROW;
-  lp.mask = 0;
+  lp.flags = 0;
   CHECK_OK(dtl_tp_linear_create(ctx, &lp, &row));
-  lp.mask = DTL_TP_SEQUENCE_PARALLEL;
+  lp.flags = DTL_TP_SEQUENCE_PARALLEL;
   CHECK_OK(dtl_tp_linear_create(ctx, &lp, &row_sp));
   dtl_tp_mlp_params mp = {.activation = DTL_TP_ACT_SILU_GATED, .hidden = H, .ffn = FFN, .gate_up = w, .down = w};
   CHECK_OK(dtl_tp_mlp_create(ctx, &mp, &mlp));
-  mp.mask = DTL_TP_SEQUENCE_PARALLEL;
+  mp.flags = DTL_TP_SEQUENCE_PARALLEL;
   CHECK_OK(dtl_tp_mlp_create(ctx, &mp, &mlp_sp));
   dtl_tp_attention_params ap = {.hidden = H, .q_heads = 4, .kv_heads = 4, .head_dim = 2, .qkv = w, .out = w};
   CHECK_OK(dtl_tp_attention_create(ctx, &ap, &attn));
-  ap.mask = DTL_TP_SEQUENCE_PARALLEL;
+  ap.flags = DTL_TP_SEQUENCE_PARALLEL;
   CHECK_OK(dtl_tp_attention_create(ctx, &ap, &attn_sp));
   dtl_layout *r = act(ctx, T, H, dtl_replicate()), *s0 = act(ctx, T, H, dtl_shard(0)),
              *s1 = act(ctx, T, H, dtl_shard(1));
@@ -142,7 +142,7 @@ static void embedding_and_top_k_fail_or_mismatch_on_every_rank(void) {
 static void a_rank_that_cannot_grow_its_scratch_fails_every_rank(void) {
   bool me = dt_rank == dt_bad;
   dtl_tp_mlp *mlp = NULL;
-  dtl_tp_mlp_params mp = {.mask = DTL_TP_SEQUENCE_PARALLEL,
+  dtl_tp_mlp_params mp = {.flags = DTL_TP_SEQUENCE_PARALLEL,
                           .activation = DTL_TP_ACT_GELU,
                           .hidden = H,
                           .ffn = FFN,
@@ -161,7 +161,7 @@ static void a_rank_that_cannot_grow_its_scratch_fails_every_rank(void) {
   dtl_tp_mlp_destroy(mlp);
 }
 
-/* Creation agrees without DTL_CHECK too: a rank's dt_bad weight, missing output or memory fails every rank. */
+/* Creation agrees without DTL_CHECK too: a rank's bad weight, missing output or memory fails every rank. */
 static void creation_fails_every_rank_without_dtl_check(void) {
   bool me = dt_rank == dt_bad;
   dtl_tp_context *c2 = NULL;

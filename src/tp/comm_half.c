@@ -91,26 +91,23 @@ dtl_status dtl__tp_input(dtl_tp_context *ctx, int64_t features, dtl_placement on
   return DTL_OK;
 }
 
-/* Buffers of a public half: non-NULL unless empty, and apart (the halves have no in-place form: an input is
- * never modified). Checked before the agreement, so the cores' collectives cannot fail on one rank. */
-static dtl_status dtl__tp_half_bufs(const char *fn, size_t elem, const char *a, const void *pa, size_t na,
-                                    const char *b, const void *pb, size_t nb) {
+/* The checks of a public half, all before its agreement so that the core's collectives cannot fail on one
+ * rank: its layout ([tokens, features] with on_tp on the TP dim) and its two buffers a and b, each the
+ * layout's local shard or (whole) the full tensor, non-NULL unless empty and apart (the halves have no
+ * in-place form: an input is never modified). */
+static dtl_status dtl__tp_half_args(dtl_tp_context *ctx, const char *fn, const char *what, const dtl_layout *l,
+                                    dtl_placement on_tp, const char *a, const void *pa, bool a_whole, const char *b,
+                                    const void *pb, bool b_whole, int64_t *tokens, int64_t *features) {
+  *tokens = *features = 0;
+  DTL_CHECK_ARG(l != NULL, fn, "%s=NULL", what);
+  *features = l->ndim == 2 ? l->shape[1] : -1;
+  DTL_TRY(dtl__tp_check_layout(ctx, fn, what, l, *features, on_tp, tokens));
+  size_t na = a_whole ? dtl_layout_global_count(l) : dtl_layout_local_count(l);
+  size_t nb = b_whole ? dtl_layout_global_count(l) : dtl_layout_local_count(l);
   DTL_CHECK_ARG(pa != NULL || na == 0, fn, "%s=NULL with %zu elements", a, na);
   DTL_CHECK_ARG(pb != NULL || nb == 0, fn, "%s=NULL with %zu elements", b, nb);
-  DTL_CHECK_ARG(!dtl__overlap(pa, na * elem, pb, nb * elem), fn, "%s=%p and %s=%p overlap", a, pa, b, pb);
+  DTL_CHECK_ARG(!dtl__overlap(pa, na * ctx->elem, pb, nb * ctx->elem), fn, "%s=%p and %s=%p overlap", a, pa, b, pb);
   return DTL_OK;
-}
-
-/* The [tokens, features] layout a half takes: *st gets the verdict (a missing layout included). */
-static void dtl__tp_half_layout(dtl_tp_context *ctx, const char *fn, const char *what, const dtl_layout *l,
-                                dtl_placement on_tp, int64_t *tokens, int64_t *features, dtl_status *st) {
-  *tokens = *features = 0;
-  if (!l) {
-    *st = dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "%s=NULL", what);
-    return;
-  }
-  *features = l->ndim == 2 ? l->shape[1] : -1;
-  *st = dtl__tp_check_layout(ctx, fn, what, l, *features, on_tp, tokens);
 }
 
 dtl_status dtl_tp_row_parallel_reduce(dtl_tp_context *ctx, const dtl_layout *out_layout, const void *partial,
@@ -120,11 +117,8 @@ dtl_status dtl_tp_row_parallel_reduce(dtl_tp_context *ctx, const dtl_layout *out
   bool sp = out_layout && out_layout->ndim == 2 && ctx->tp_dim < out_layout->mesh->ndim &&
             out_layout->placements[ctx->tp_dim].kind == DTL_SHARD;
   int64_t tokens, features;
-  dtl_status st;
-  dtl__tp_half_layout(ctx, fn, "out_layout", out_layout, sp ? dtl_shard(0) : dtl_replicate(), &tokens, &features, &st);
-  if (st == DTL_OK)
-    st = dtl__tp_half_bufs(fn, ctx->elem, "partial", partial, (size_t)(tokens * features), "y", y,
-                           dtl_layout_local_count(out_layout));
+  dtl_status st = dtl__tp_half_args(ctx, fn, "out_layout", out_layout, sp ? dtl_shard(0) : dtl_replicate(), "partial",
+                                    partial, true, "y", y, false, &tokens, &features);
   DTL_TRY(dtl__agree_checked(ctx->comm, fn, dtl__tp_fp(ctx, fn, tokens, features, sp, bias != NULL), st));
   return dtl__tp_reduce(ctx, tokens, features, sp, partial, bias, y);
 }
@@ -133,11 +127,8 @@ dtl_status dtl_tp_column_parallel_gather(dtl_tp_context *ctx, const dtl_layout *
   static const char fn[] = "dtl_tp_column_parallel_gather";
   DTL_CHECK_ARG(ctx != NULL, fn, "ctx=NULL");
   int64_t tokens, features;
-  dtl_status st;
-  dtl__tp_half_layout(ctx, fn, "in_layout", in_layout, dtl_shard(1), &tokens, &features, &st);
-  if (st == DTL_OK)
-    st = dtl__tp_half_bufs(fn, ctx->elem, "y_local", y_local, dtl_layout_local_count(in_layout), "y", y,
-                           dtl_layout_global_count(in_layout));
+  dtl_status st = dtl__tp_half_args(ctx, fn, "in_layout", in_layout, dtl_shard(1), "y_local", y_local, false, "y", y,
+                                    true, &tokens, &features);
   void *stage;
   size_t bytes = st == DTL_OK ? dtl__tp_gather_columns_bytes(ctx, tokens, features) : 0;
   if (bytes) st = dtl__tp_scratch(ctx, DTL__TP_WS_COMM, bytes, &stage);
@@ -149,11 +140,8 @@ dtl_status dtl_tp_sequence_gather(dtl_tp_context *ctx, const dtl_layout *in_layo
   static const char fn[] = "dtl_tp_sequence_gather";
   DTL_CHECK_ARG(ctx != NULL, fn, "ctx=NULL");
   int64_t tokens, features;
-  dtl_status st;
-  dtl__tp_half_layout(ctx, fn, "in_layout", in_layout, dtl_shard(0), &tokens, &features, &st);
-  if (st == DTL_OK)
-    st = dtl__tp_half_bufs(fn, ctx->elem, "x_local", x_local, dtl_layout_local_count(in_layout), "x", x,
-                           dtl_layout_global_count(in_layout));
+  dtl_status st = dtl__tp_half_args(ctx, fn, "in_layout", in_layout, dtl_shard(0), "x_local", x_local, false, "x", x,
+                                    true, &tokens, &features);
   DTL_TRY(dtl__agree_checked(ctx->comm, fn, dtl__tp_fp(ctx, fn, tokens, features, 0, 0), st));
   return dtl__tp_gather_tokens(ctx, tokens, features, x_local, x);
 }

@@ -23,7 +23,8 @@
  * with wrong data is possible. That is the caller's contract violation, as in MPI; DTL_CHECK turns it into an
  * error. What no agreement can cover: a NULL or aborted communicator (or handle: mesh, layout, context,
  * layer), which leaves no way to reach the peers; ranks that do not make the call at all; the nonblocking
- * starts (*_async), which must return without waiting for the peers and so never agree; and failures inside
+ * starts (*_async), which must return without waiting for the peers, and the point-to-point calls, which
+ * involve two ranks only: neither ever agrees; and failures inside
  * the engine once a collective has started (DTL_ERR_COMM, or a hang if one rank's engine dies).
  *
  * Threads. A communicator is used by one thread at a time, and so is everything built on it: the

@@ -57,7 +57,12 @@ DTL_API dtl_status dtl_plan_create(const dtl_layout *src, const dtl_layout *dst,
 DTL_API dtl_status dtl_plan_create_with_cost(const dtl_layout *src, const dtl_layout *dst, const dtl_cost_model *cost,
                                              dtl_plan **out);
 /* Collective over the mesh. src_local is this rank's shard of src (never written); dst_local receives this
- * rank's shard of dst. src_local == dst_local is rejected unless the plan is purely local. */
+ * rank's shard of dst. src_local == dst_local is rejected unless the plan is purely local. Every check and
+ * the scratch allocation come before the first step; with DTL_CHECK on the mesh's communicator the ranks then
+ * agree on the plan (layouts, mesh, steps, resolved cost model) and on each other's verdict, so a bad buffer,
+ * another plan or another cost model (DTL_PLAN_TUNE) on one rank fails every rank. Planning is local: a rank
+ * whose dtl_plan_create failed must not leave its peers executing (dtl_redistribute plans inside the
+ * agreement, so there a planning failure on one rank fails every rank under DTL_CHECK). */
 DTL_API dtl_status dtl_plan_execute(const dtl_plan *p, const void *src_local, void *dst_local);
 /* EXPLAIN-style text: one line per step (mesh dim, collective, tensor dims, bytes sent/received per rank,
  * estimated time) and the total. A too-small buffer is DTL_ERR_INVALID_ARGUMENT naming the size needed,
@@ -81,7 +86,9 @@ DTL_API void dtl_plan_destroy(dtl_plan *p);
  * memo of the const mesh, see <dtl/mesh.h>) and executes. */
 DTL_API dtl_status dtl_redistribute(const dtl_layout *src, const void *src_local, const dtl_layout *dst, void *dst_local);
 /* The dense tensor on root (read there only) -> this rank's local shard of l, for any layout; a Partial
- * placement gets the value on coordinate 0 and the identity of its op elsewhere (max/min/avg: the value). */
+ * placement gets the value on coordinate 0 and the identity of its op elsewhere (max/min/avg: the value).
+ * Root alone reads and packs, so the call always agrees (with or without DTL_CHECK) on the layout, the root
+ * and every rank's verdict before it communicates: a NULL dense tensor or no memory on root fails every rank. */
 DTL_API dtl_status dtl_distribute(const dtl_layout *l, const void *dense_on_root, int root, void *local);
 /* Any layout -> the dense tensor on every rank (pending Partial reductions applied). */
 DTL_API dtl_status dtl_full_tensor(const dtl_layout *l, const void *local, void *dense);

@@ -831,6 +831,27 @@ static int dtl__plan_comm_steps(const dtl_plan *p) {
   return n;
 }
 
+/* The checks of one execution that depend on this rank's buffers; *aliased tells whether they share one. */
+static dtl_status dtl__execute_args(const char *fn, const dtl_plan *p, const void *src_local, void *dst_local,
+                                    bool *aliased) {
+  size_t es = dtl_dtype_size(p->src.dtype), a0 = p->src.local_count, d0 = p->dst.local_count;
+  DTL_CHECK_ARG(src_local != NULL || a0 == 0, fn, "src_local=NULL with %zu local elements", a0);
+  DTL_CHECK_ARG(dst_local != NULL || d0 == 0, fn, "dst_local=NULL with %zu local elements", d0);
+  DTL_TRY(dtl__plan_check(fn, p));
+  /* The same pointer counts as aliased even where this rank's shards are empty, so that every rank of a
+   * caller that passes one buffer decides alike. */
+  *aliased = src_local != NULL && src_local == dst_local;
+  if (!*aliased && src_local && dst_local && a0 && d0) {
+    const char *s0 = src_local, *d = dst_local;
+    *aliased = s0 < d + d0 * es && d < s0 + a0 * es;
+  }
+  if (*aliased && (src_local != dst_local || dtl__plan_comm_steps(p) > 0))
+    return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "src_local=%p and dst_local=%p overlap, which only a purely "
+                         "local plan allows when they are the same pointer (this plan has %d collective steps)",
+                         src_local, dst_local, dtl__plan_comm_steps(p));
+  return DTL_OK;
+}
+
 dtl_status dtl_plan_execute(const dtl_plan *p, const void *src_local, void *dst_local) {
   static const char fn[] = "dtl_plan_execute";
   DTL_CHECK_ARG(p != NULL, fn, "plan=NULL");
@@ -840,43 +861,34 @@ dtl_status dtl_plan_execute(const dtl_plan *p, const void *src_local, void *dst_
                 "communicators, so its plans can be explained but not executed");
   if (mesh->comm->aborted) return dtl__error_fn(DTL_ERR_COMM, fn, "the mesh's communicator was aborted");
   size_t es = dtl_dtype_size(p->src.dtype), a0 = p->src.local_count, d0 = p->dst.local_count;
-  DTL_CHECK_ARG(src_local != NULL || a0 == 0, fn, "src_local=NULL with %zu local elements", a0);
-  DTL_CHECK_ARG(dst_local != NULL || d0 == 0, fn, "dst_local=NULL with %zu local elements", d0);
-  DTL_TRY(dtl__plan_check(fn, p));
-  /* The same pointer counts as aliased even where this rank's shards are empty, so that every rank of a
-   * caller that passes one buffer decides alike. */
-  bool aliased = src_local != NULL && src_local == dst_local;
-  if (!aliased && src_local && dst_local && a0 && d0) {
-    const char *s0 = src_local, *d = dst_local;
-    aliased = s0 < d + d0 * es && d < s0 + a0 * es;
-  }
-  if (aliased) {
-    if (src_local != dst_local || dtl__plan_comm_steps(p) > 0)
-      return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "src_local=%p and dst_local=%p overlap, which only a purely "
-                           "local plan allows when they are the same pointer (this plan has %d collective steps)",
-                           src_local, dst_local, dtl__plan_comm_steps(p));
-  }
+  bool aliased = false;
+  dtl_status st = dtl__execute_args(fn, p, src_local, dst_local, &aliased);
 
   dtl__ex_step ex[DTL__MAX_PLAN_STEPS];
-  dtl__ex_layout L;
-  dtl__analyze(p, ex);
-  dtl__place(ex, p->nsteps, aliased ? AT_DST : AT_SRC, aliased ? (a0 > d0 ? a0 : d0) : d0, a0, d0, &L);
-  if (L.final_at == AT_NONE) /* cannot happen: staging every step in SCR is always a placement */
-    return dtl__error_fn(DTL_ERR_INTERNAL, fn, "found no placement of the plan's %d steps in the buffers", p->nsteps);
+  dtl__ex_layout L = {.final_at = AT_NONE};
+  if (st == DTL_OK) {
+    dtl__analyze(p, ex);
+    dtl__place(ex, p->nsteps, aliased ? AT_DST : AT_SRC, aliased ? (a0 > d0 ? a0 : d0) : d0, a0, d0, &L);
+    if (L.final_at == AT_NONE) /* cannot happen: staging every step in SCR is always a placement */
+      st = dtl__error_fn(DTL_ERR_INTERNAL, fn, "found no placement of the plan's %d steps in the buffers", p->nsteps);
+  }
 
   int gmax = 1;
   for (int md = 0; md < mesh->ndim; md++)
     if (mesh->shape[md] > gmax) gmax = mesh->shape[md];
   size_t small[5 * 64], *counts = small;
-  if (gmax > 64 && !(counts = dtl__malloc(sizeof(size_t) * 5 * (size_t)gmax)))
-    return dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory");
+  if (st == DTL_OK && gmax > 64 && !(counts = dtl__malloc(sizeof(size_t) * 5 * (size_t)gmax))) {
+    counts = small;
+    st = dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory");
+  }
   dtl__ex_ctx x = {p, mesh, p->src.ndim, es, p->src.dtype, counts, counts + gmax, counts + 2 * gmax,
                    counts + 3 * gmax, counts + 4 * gmax};
 
   dtl_comm *mc = mesh->comm;
   void *scr = NULL;
-  dtl_status st = DTL_OK;
-  if (L.scr) DTL_TRY_GOTO(dtl__mem_alloc(&mc->mem, L.scr * es, &scr), st, done);
+  if (st == DTL_OK && L.scr) st = dtl__mem_alloc(&mc->mem, L.scr * es, &scr);
+  /* Every check and allocation is behind us: with DTL_CHECK the ranks agree here, before the first step. */
+  DTL_TRY_GOTO(dtl__plan_agree(fn, p, st), st, done);
   void *base[AT_NPLACES] = {(void *)(uintptr_t)src_local, dst_local, scr};
   for (int k = 0; k < p->nsteps; k++) {
     const dtl__ex_step *e = &ex[k];

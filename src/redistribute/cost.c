@@ -271,6 +271,6 @@ int64_t dtl__step_cost_ps(const dtl_cost_model *c, dtl__step_kind kind, int p, c
    * of bytes; with it, the hierarchical form wins only once the bytes it saves outweigh one more call. */
   double s = local ? (double)max->charged * c->local_beta_s_per_byte
                    : (dtl__step_rounds(kind, p) + 1) * c->alpha_s + (double)max->charged * c->beta_s_per_byte;
-  double ps = s * 1e12, cap = (double)(INT64_MAX / 4);
-  return ps >= cap ? (int64_t)(INT64_MAX / 4) : (int64_t)llround(ps);
+  double ps = s * 1e12;
+  return ps >= (double)DTL__STEP_COST_CAP_PS ? DTL__STEP_COST_CAP_PS : (int64_t)llround(ps);
 }

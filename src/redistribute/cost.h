@@ -34,9 +34,14 @@ void dtl__step_volume_max(const dtl_layout *geom, dtl__step_kind kind, int m, co
                           const dtl_placement *after, dtl__step_volume *out);
 /* Rounds of the ring algorithm on p ranks (0 for local steps). */
 int dtl__step_rounds(dtl__step_kind kind, int p);
+/* The most one step (or one mesh dim's term of the search's lower bound) is priced at: 2.9e5 s. A plan
+ * has at most DTL__MAX_PLAN_STEPS steps and DTL_MAX_MESH_DIMS bound terms, so no sum the search forms can
+ * overflow int64, whatever the cost model (alpha = 1e300 prices every collective at the cap). */
+#define DTL__STEP_COST_CAP_PS (INT64_MAX / 32)
+_Static_assert(DTL__MAX_PLAN_STEPS + DTL_MAX_MESH_DIMS <= 32, "search sums must fit int64");
 /* (rounds + 1) x alpha + charged x beta, the 1 being the call itself (local steps: charged x local_beta),
- * in whole picoseconds so that the
- * search compares exact integers and breaks ties the same way on every rank. Saturates near INT64_MAX/4. */
+ * in whole picoseconds so that the search compares exact integers and breaks ties the same way on every
+ * rank; at most DTL__STEP_COST_CAP_PS. */
 int64_t dtl__step_cost_ps(const dtl_cost_model *c, dtl__step_kind kind, int p, const dtl__step_volume *max);
 
 #endif

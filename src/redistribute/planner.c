@@ -116,8 +116,9 @@ static void dtl__decode(const dtl__space *s, int idx, dtl_placement *pl) {
 /* A lower bound on the cost still to pay from pl: every mesh dim whose placement is S or P and differs
  * from the target must leave it, and only a collective on that dim can (S and P have no local exit),
  * which costs at least (p-1 rounds + the call) x alpha. Steps on different mesh dims are different steps,
- * so the bounds add up; a step changes one term by at most its own cost, so the bound is consistent and
- * the first time the target is taken from the queue its route is the cheapest. */
+ * so the bounds add up; a step changes one term by at most its own cost (both are capped at
+ * DTL__STEP_COST_CAP_PS), so the bound is consistent and the first label of the target taken from the
+ * queue is a cheapest route. */
 static int64_t dtl__remaining_bound(const dtl__space *s, const dtl_placement *pl, const dtl_placement *dst) {
   int64_t bound = 0;
   for (int m = 0; m < s->M; m++) {
@@ -126,17 +127,36 @@ static int64_t dtl__remaining_bound(const dtl__space *s, const dtl_placement *pl
     /* One picosecond under the floor, so that the step prices (rounded to the nearest picosecond from a
      * slightly different floating-point expression) can never fall below it. */
     double ps = floor((double)p * s->cost->alpha_s * 1e12) - 1;
-    if (ps > 0) bound += ps >= (double)(INT64_MAX / 64) ? INT64_MAX / 64 : (int64_t)ps;
+    if (ps > 0) bound += ps >= (double)DTL__STEP_COST_CAP_PS ? DTL__STEP_COST_CAP_PS : (int64_t)ps;
   }
   return bound;
 }
 
-/* Ordered by (cost so far + bound, steps, state index): among equal estimates fewer steps first, then the
- * lower state index, so every rank pops states in the same order and keeps the same parents. Among routes
- * of equal cost the one with fewer steps wins. */
+/* The search runs over labels (state, steps so far, cost so far) and takes them from a queue ordered by
+ * (cost so far + bound, steps, state, label): among equal estimates fewer steps first, then the lower state
+ * index, so every rank pops labels in the same order and keeps the same parents. Among routes of equal
+ * cost the one with fewer steps wins.
+ *
+ * A plan holds at most DTL__MAX_PLAN_STEPS steps, and the cheapest route to a state may be too long to
+ * continue from while a dearer, shorter one still reaches the target (near-zero alpha and beta make long
+ * chains of collectives nearly free). So the search runs in one of two modes:
+ * - one label per state (plain A*: the cheapest, then the shortest), which finds the cheapest route of any
+ *   length. It gives up as soon as it would queue a label longer than the limit, since it may then have
+ *   dropped a shorter label the limited search needs; otherwise its answer is within the limit and
+ *   cheapest among all routes, so among the limited ones too.
+ * - labels per (state, steps) (the limited search, run when the first gives up): a label is dropped only
+ *   when another of its state is at least as cheap and at most as long, and no label is longer than the
+ *   limit, so the first label of the target taken from the queue is a cheapest route within the limit.
+ * Every cost it adds is at most DTL__MAX_PLAN_STEPS + 1 capped step prices plus a capped bound: no
+ * overflow. */
 typedef struct {
   int64_t cost;
-  int steps, state;
+  int steps, state, parent; /* parent: the label this one extends, -1 for the start */
+} dtl__label;
+
+typedef struct {
+  int64_t f; /* cost so far + bound */
+  int steps, state, label;
 } dtl__hnode;
 
 typedef struct {
@@ -145,19 +165,25 @@ typedef struct {
 } dtl__heap;
 
 static bool dtl__hless(dtl__hnode x, dtl__hnode y) {
-  if (x.cost != y.cost) return x.cost < y.cost;
+  if (x.f != y.f) return x.f < y.f;
   if (x.steps != y.steps) return x.steps < y.steps;
-  return x.state < y.state;
+  if (x.state != y.state) return x.state < y.state;
+  return x.label < y.label;
+}
+
+/* Grows *a (an array of *cap items of elem bytes) to hold n + 1. */
+static bool dtl__grow(void **a, int *cap, int n, size_t elem) {
+  if (n < *cap) return true;
+  int c = *cap ? 2 * *cap : 64;
+  void *g = dtl__realloc(*a, (size_t)c * elem);
+  if (!g) return false;
+  *a = g;
+  *cap = c;
+  return true;
 }
 
 static bool dtl__hpush(dtl__heap *h, dtl__hnode v) {
-  if (h->n == h->cap) {
-    int cap = h->cap ? 2 * h->cap : 64;
-    dtl__hnode *a = dtl__realloc(h->a, (size_t)cap * sizeof *a);
-    if (!a) return false;
-    h->a = a;
-    h->cap = cap;
-  }
+  if (!dtl__grow((void **)&h->a, &h->cap, h->n, sizeof *h->a)) return false;
   int i = h->n++;
   while (i > 0 && dtl__hless(v, h->a[(i - 1) / 2])) {
     h->a[i] = h->a[(i - 1) / 2];
@@ -182,36 +208,62 @@ static dtl__hnode dtl__hpop(dtl__heap *h) {
   return top;
 }
 
-static int64_t dtl__sat_add(int64_t a, int64_t b) { return a > INT64_MAX - b ? INT64_MAX : a + b; }
+/* Per state, what makes a new label redundant: the fewest steps of a label already expanded (every later
+ * label of the state is at least as dear), and two labels already queued, the cheapest (with its steps)
+ * and the shortest (with its cost). The limited search checks against both queued labels, which misses
+ * some dominated labels (costing time, never a route); the one-label search against the cheapest. */
+enum { DTL__NO_STEPS = 1 << 30 };
+typedef struct {
+  int expanded_steps; /* DTL__NO_STEPS: none expanded yet */
+  int64_t cheap_cost, short_cost;
+  int cheap_steps, short_steps; /* DTL__NO_STEPS: none queued yet */
+} dtl__seen;
 
-/* Fills path[0..*len) with the states of the cheapest route from `from` to `to` (both included). */
-static dtl_status dtl__search(const char *fn, const dtl__space *s, int from, int to, int *path, int *len) {
-  dtl_placement target[DTL_MAX_MESH_DIMS];
+typedef struct {
+  const dtl__space *s;
+  bool limited;
+  dtl__seen *seen;
+  dtl__label *a;
+  int n, cap;
+  dtl__heap h;
+} dtl__search_state;
+
+/* Queues the label (cost, steps, state, parent) unless a label of its state makes it redundant: 0, or -1
+ * when out of memory, or 1 when the one-label search would queue a label longer than the limit. */
+static int dtl__offer(dtl__search_state *S, int64_t cost, int64_t bound, int steps, int state, int parent) {
+  dtl__seen *v = &S->seen[state];
+  bool redundant = S->limited ? v->expanded_steps <= steps || (v->cheap_cost <= cost && v->cheap_steps <= steps) ||
+                                    (v->short_cost <= cost && v->short_steps <= steps)
+                              : v->expanded_steps != DTL__NO_STEPS ||
+                                    (v->cheap_steps != DTL__NO_STEPS &&
+                                     (v->cheap_cost < cost || (v->cheap_cost == cost && v->cheap_steps <= steps)));
+  if (redundant) return 0;
+  if (steps > DTL__MAX_PLAN_STEPS) return 1; /* never in the limited search: it does not expand such labels */
+  if (v->cheap_steps == DTL__NO_STEPS || cost < v->cheap_cost || (cost == v->cheap_cost && steps < v->cheap_steps))
+    v->cheap_cost = cost, v->cheap_steps = steps;
+  if (steps < v->short_steps || (steps == v->short_steps && cost < v->short_cost)) v->short_cost = cost, v->short_steps = steps;
+  if (!dtl__grow((void **)&S->a, &S->cap, S->n, sizeof *S->a)) return -1;
+  S->a[S->n] = (dtl__label){cost, steps, state, parent};
+  return dtl__hpush(&S->h, (dtl__hnode){cost + bound, steps, state, S->n++}) ? 0 : -1;
+}
+
+/* One search from `from` to `to` (see above): the target's label, or -1 out of memory, or -2 when the
+ * one-label search gives up, or -3 when no route exists. */
+static int dtl__search_run(dtl__search_state *S, int from, int to) {
+  const dtl__space *s = S->s;
+  dtl_placement target[DTL_MAX_MESH_DIMS], pl[DTL_MAX_MESH_DIMS], nx[DTL_MAX_MESH_DIMS];
   dtl__decode(s, to, target);
-  int n = s->nstates;
-  int64_t *dist = dtl__malloc((size_t)n * sizeof *dist);
-  int *steps = dtl__malloc((size_t)n * sizeof *steps), *parent = dtl__malloc((size_t)n * sizeof *parent);
-  unsigned char *done = dtl__calloc((size_t)n, 1);
-  dtl__heap h = {0};
-  dtl_status st = DTL_OK;
-  if (!dist || !steps || !parent || !done) {
-    st = dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory (search over %d placement states)", n);
-    goto out;
-  }
-  for (int i = 0; i < n; i++) {
-    dist[i] = INT64_MAX;
-    steps[i] = 0;
-    parent[i] = -1;
-  }
-  dist[from] = 0;
-  if (!dtl__hpush(&h, (dtl__hnode){0, 0, from})) goto oom;
-  while (h.n > 0) {
-    dtl__hnode u = dtl__hpop(&h);
-    if (done[u.state]) continue;
-    done[u.state] = 1;
-    if (u.state == to) break;
-    int64_t g = dist[u.state];
-    dtl_placement pl[DTL_MAX_MESH_DIMS], nx[DTL_MAX_MESH_DIMS];
+  for (int i = 0; i < s->nstates; i++) S->seen[i] = (dtl__seen){DTL__NO_STEPS, 0, 0, DTL__NO_STEPS, DTL__NO_STEPS};
+  S->n = S->h.n = 0;
+  dtl__decode(s, from, pl);
+  if (dtl__offer(S, 0, dtl__remaining_bound(s, pl, target), 0, from, -1) < 0) return -1;
+  while (S->h.n > 0) {
+    dtl__hnode u = dtl__hpop(&S->h);
+    int *expanded = &S->seen[u.state].expanded_steps;
+    if (S->limited ? *expanded <= u.steps : *expanded != DTL__NO_STEPS) continue;
+    *expanded = u.steps;
+    if (u.state == to) return u.label;
+    int64_t g = S->a[u.label].cost;
     dtl__decode(s, u.state, pl);
     for (int m = 0; m < s->M; m++) {
       int p = s->geom->mesh->shape[m];
@@ -223,43 +275,46 @@ static dtl_status dtl__search(const char *fn, const dtl__space *s, int from, int
         if (q.kind == DTL_SHARD && !dtl__first_free_of_kind(s, pl, m, q.dim)) continue;
         dtl__step_kind kind;
         if (!dtl__step_legal(s->geom->mesh, pl, m, q, &kind)) continue;
+        if (S->limited && u.steps == DTL__MAX_PLAN_STEPS) continue;
         memcpy(nx, pl, sizeof nx);
         nx[m] = q;
-        int v = dtl__encode(s, nx);
-        if (done[v]) continue;
+        int v = dtl__encode(s, nx), ve = S->seen[v].expanded_steps;
+        if (S->limited ? ve <= u.steps + 1 : ve != DTL__NO_STEPS) continue; /* before pricing the step */
         dtl__step_volume vol;
         dtl__step_volume_max(s->geom, kind, m, pl, nx, &vol);
-        int64_t c = dtl__sat_add(g, dtl__step_cost_ps(s->cost, kind, p, &vol));
-        if (c < dist[v] || (c == dist[v] && u.steps + 1 < steps[v])) {
-          dist[v] = c;
-          steps[v] = u.steps + 1;
-          parent[v] = u.state;
-          int64_t f = dtl__sat_add(c, dtl__remaining_bound(s, nx, target));
-          if (!dtl__hpush(&h, (dtl__hnode){f, u.steps + 1, v})) goto oom;
-        }
+        int64_t c = g + dtl__step_cost_ps(s->cost, kind, p, &vol);
+        int r = dtl__offer(S, c, dtl__remaining_bound(s, nx, target), u.steps + 1, v, u.label);
+        if (r) return r < 0 ? -1 : -2;
       }
     }
   }
-  if (!done[to]) {
+  return -3;
+}
+
+/* Fills path[0..*len) with the states of the cheapest route of at most DTL__MAX_PLAN_STEPS steps from
+ * `from` to `to` (both included). */
+static dtl_status dtl__search(const char *fn, const dtl__space *s, int from, int to, int *path, int *len) {
+  dtl__search_state S = {.s = s, .seen = dtl__malloc((size_t)s->nstates * sizeof *S.seen)};
+  int found = S.seen ? dtl__search_run(&S, from, to) : -1;
+  if (found == -2) {
+    S.limited = true;
+    found = dtl__search_run(&S, from, to);
+  }
+  dtl_status st = DTL_OK;
+  if (found == -1) {
+    st = dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory (search over %d placement states)", s->nstates);
+  } else if (found < 0) {
+    /* Unreachable: undoing every split and reduction innermost mesh dim first, then making the target's
+     * outermost first, is a legal route of at most 2 x DTL_MAX_MESH_DIMS steps between any two layouts that
+     * dtl__check_supported accepts. */
     st = dtl__error_fn(DTL_ERR_INTERNAL, fn, "no legal route between the layouts (a planner bug: please report it)");
-    goto out;
+  } else {
+    *len = S.a[found].steps + 1;
+    for (int k = found, i = *len - 1; i >= 0; k = S.a[k].parent, i--) path[i] = S.a[k].state;
   }
-  if (steps[to] > DTL__MAX_PLAN_STEPS) {
-    st = dtl__error_fn(DTL_ERR_INTERNAL, fn, "the cheapest route has %d steps (at most %d supported)", steps[to],
-                       DTL__MAX_PLAN_STEPS);
-    goto out;
-  }
-  *len = steps[to] + 1;
-  for (int v = to, i = steps[to]; i >= 0; v = parent[v], i--) path[i] = v;
-  goto out;
-oom:
-  st = dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory (search over %d placement states)", n);
-out:
-  dtl__free(dist);
-  dtl__free(steps);
-  dtl__free(parent);
-  dtl__free(done);
-  dtl__free(h.a);
+  dtl__free(S.seen);
+  dtl__free(S.a);
+  dtl__free(S.h.a);
   return st;
 }
 
@@ -370,7 +425,7 @@ static dtl_status dtl__plan_create(const char *fn, const dtl_layout *src, const 
     dtl__step_volume vmax, vme;
     dtl__step_volume_max(src, st->kind, m, st->before, st->after, &vmax);
     int64_t ps = dtl__step_cost_ps(&cost, st->kind, mesh->shape[m], &vmax);
-    total_ps = dtl__sat_add(total_ps, ps);
+    total_ps += ps; /* at most DTL__MAX_PLAN_STEPS capped prices: no overflow */
     st->cost_s = (double)ps * 1e-12;
     /* The search kept size-1 mesh dims at R; the step vectors carry the target's placement there, so the
      * last step ends exactly at dst. Boxes do not change: a split in 1 is the whole dim. */

@@ -34,7 +34,7 @@ typedef struct {
 
 struct dtl_safetensors {
   int fd;
-  char *path;
+  char *path; /* as quoted for messages (dtl__quote) */
   uint64_t file_bytes, data_start; /* data_start = 8 + header length */
   size_t count, nmeta;
   dtl__st_tensor *tensors;         /* sorted by name */

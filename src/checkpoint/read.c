@@ -87,11 +87,11 @@ dtl_status dtl__st_read_box(const dtl_safetensors *f, const char *fn, const dtl_
   if (total == 0) return DTL_OK;
   struct stat sb;
   if (fstat(f->fd, &sb) != 0 || (uint64_t)sb.st_size < f->data_start + t->end) {
-    char q[96];
+    char q[DTL__QUOTE_CAP];
     return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn,
                          "%s: tensor \"%s\": the file has %lld bytes, fewer than the %llu it had when opened "
                          "(truncated since?)",
-                         f->path, dtl__st_quote(t->name, q, sizeof q), (long long)sb.st_size,
+                         f->path, dtl__quote(t->name, q, sizeof q), (long long)sb.st_size,
                          (unsigned long long)f->file_bytes);
   }
   dtl__st_runs r = {.off = off, .box = box, .base = f->data_start + t->begin, .es = t->dtype->size, .ndim = ndim};
@@ -160,9 +160,9 @@ dtl_status dtl_safetensors_read(const dtl_safetensors *f, const char *name, cons
   DTL_TRY(dtl__st_find(f, fn, name, &t));
   DTL_TRY(dtl__st_check_dtype(f, fn, t, layout->dtype));
   if (t->ndim != layout->ndim || memcmp(t->shape, layout->shape, (size_t)t->ndim * sizeof *t->shape)) {
-    char q[96], a[160], b[160];
+    char q[DTL__QUOTE_CAP], a[160], b[160];
     return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "%s: tensor \"%s\": shape=%s in the file, layout shape=%s",
-                         f->path, dtl__st_quote(t->name, q, sizeof q), dtl__st_shape_str(t->ndim, t->shape, a, sizeof a),
+                         f->path, dtl__quote(t->name, q, sizeof q), dtl__st_shape_str(t->ndim, t->shape, a, sizeof a),
                          dtl__st_shape_str(layout->ndim, layout->shape, b, sizeof b));
   }
   DTL_CHECK_ARG(local != NULL || layout->local_count == 0, fn, "local=NULL with %zu local elements",
@@ -185,8 +185,8 @@ dtl_status dtl_safetensors_read_box(const dtl_safetensors *f, const char *name, 
   const dtl__st_tensor *t;
   DTL_TRY(dtl__st_find(f, fn, name, &t));
   DTL_TRY(dtl__st_check_dtype(f, fn, t, dtype));
-  char q[96];
-  DTL_CHECK_ARG(ndim == t->ndim, fn, "ndim=%d (tensor \"%s\" has %d dims)", ndim, dtl__st_quote(name, q, sizeof q),
+  char q[DTL__QUOTE_CAP];
+  DTL_CHECK_ARG(ndim == t->ndim, fn, "ndim=%d (tensor \"%s\" has %d dims)", ndim, dtl__quote(name, q, sizeof q),
                 t->ndim);
   DTL_CHECK_ARG(ndim == 0 || offset != NULL, fn, "offset=NULL");
   DTL_CHECK_ARG(ndim == 0 || shape != NULL, fn, "shape=NULL");
@@ -194,7 +194,7 @@ dtl_status dtl_safetensors_read_box(const dtl_safetensors *f, const char *name, 
   for (int d = 0; d < ndim; d++) {
     DTL_CHECK_ARG(offset[d] >= 0 && shape[d] >= 0 && offset[d] <= t->shape[d] - shape[d], fn,
                   "offset[%d]=%lld shape[%d]=%lld (tensor \"%s\" has %lld along dim %d)", d, (long long)offset[d], d,
-                  (long long)shape[d], dtl__st_quote(name, q, sizeof q), (long long)t->shape[d], d);
+                  (long long)shape[d], dtl__quote(name, q, sizeof q), (long long)t->shape[d], d);
     empty |= shape[d] == 0;
   }
   DTL_CHECK_ARG(dst != NULL || empty, fn, "dst=NULL");

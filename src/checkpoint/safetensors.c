@@ -50,20 +50,6 @@ const char *dtl__st_shape_str(int ndim, const int64_t *shape, char *buf, size_t 
   return buf;
 }
 
-const char *dtl__st_quote(const char *name, char *buf, size_t cap) {
-  size_t n = 0;
-  for (; name[n] && n < 80 && n + 4 < cap; n++) {
-    unsigned char c = (unsigned char)name[n];
-    buf[n] = c >= 0x20 && c != 0x7f ? (char)c : '?';
-  }
-  if (name[n] && n + 4 < cap) {
-    memcpy(buf + n, "...", 3);
-    n += 3;
-  }
-  buf[n] = '\0';
-  return buf;
-}
-
 /* "fn: path: message" for everything wrong with the file. */
 #define DTL__ST_BAD(fn, path, fmt, ...) dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, (fn), "%s: " fmt, (path), ##__VA_ARGS__)
 
@@ -97,8 +83,8 @@ static bool dtl__st_uint(const json_t *v, uint64_t *out) {
 static dtl_status dtl__st_entry(dtl_safetensors *f, const char *fn, const char *name, const json_t *v,
                                 dtl__st_tensor *t) {
   const char *path = f->path;
-  char q[96];
-  dtl__st_quote(name, q, sizeof q);
+  char q[DTL__QUOTE_CAP];
+  dtl__quote(name, q, sizeof q);
   if (!json_is_object(v))
     return DTL__ST_BAD(fn, path, "tensor \"%s\": the entry is %s (expected an object with dtype, shape and data_offsets)",
                        q, dtl__json_kind(v));
@@ -110,9 +96,9 @@ static dtl_status dtl__st_entry(dtl_safetensors *f, const char *fn, const char *
                        dtl__json_kind(dt));
   t->dtype = dtl__st_dtype_find(json_string_value(dt));
   if (!t->dtype) {
-    char d[96];
+    char d[DTL__QUOTE_CAP];
     return DTL__ST_BAD(fn, path, "tensor \"%s\": dtype=\"%s\" is not a safetensors dtype (expected one of %s)", q,
-                       dtl__st_quote(json_string_value(dt), d, sizeof d), dtl__st_dtype_list);
+                       dtl__quote(json_string_value(dt), d, sizeof d), dtl__st_dtype_list);
   }
   if (!shape) return DTL__ST_BAD(fn, path, "tensor \"%s\": shape is missing", q);
   if (!json_is_array(shape))
@@ -203,10 +189,10 @@ static dtl_status dtl__st_check_overlap(const dtl_safetensors *f, const char *fn
     const dtl__st_tensor *t = by[i];
     if (t->begin == t->end) continue;
     if (prev && t->begin < prev->end) {
-      char a[96], b[96];
+      char a[DTL__QUOTE_CAP], b[DTL__QUOTE_CAP];
       st = DTL__ST_BAD(fn, f->path, "tensor \"%s\": data_offsets=[%llu,%llu] overlap those of tensor \"%s\" [%llu,%llu]",
-                       dtl__st_quote(t->name, a, sizeof a), (unsigned long long)t->begin, (unsigned long long)t->end,
-                       dtl__st_quote(prev->name, b, sizeof b), (unsigned long long)prev->begin,
+                       dtl__quote(t->name, a, sizeof a), (unsigned long long)t->begin, (unsigned long long)t->end,
+                       dtl__quote(prev->name, b, sizeof b), (unsigned long long)prev->begin,
                        (unsigned long long)prev->end);
     }
     if (!prev || t->end > prev->end) prev = t;
@@ -224,9 +210,9 @@ static dtl_status dtl__st_metadata(dtl_safetensors *f, const char *fn, const jso
   const char *key;
   json_t *val;
   json_object_foreach((json_t *)v, key, val) {
-    char q[96];
+    char q[DTL__QUOTE_CAP];
     if (!json_is_string(val))
-      return DTL__ST_BAD(fn, f->path, "__metadata__ \"%s\" is %s (expected a string)", dtl__st_quote(key, q, sizeof q),
+      return DTL__ST_BAD(fn, f->path, "__metadata__ \"%s\" is %s (expected a string)", dtl__quote(key, q, sizeof q),
                          dtl__json_kind(val));
     f->meta[2 * i] = dtl__st_strdup(key);
     f->meta[2 * i + 1] = dtl__st_strdup(json_string_value(val));
@@ -241,9 +227,11 @@ static dtl_status dtl__st_metadata(dtl_safetensors *f, const char *fn, const jso
 static dtl_status dtl__st_parse(dtl_safetensors *f, const char *fn, const char *json, size_t n) {
   json_error_t err;
   json_t *root = json_loadb(json, n, JSON_REJECT_DUPLICATES, &err);
-  if (!root)
+  if (!root) {
+    char q[DTL__QUOTE_CAP]; /* jansson's text quotes the bytes near the error */
     return DTL__ST_BAD(fn, f->path, "the header is not valid JSON: %s (line %d, column %d, byte %d of the header)",
-                       err.text, err.line, err.column, err.position);
+                       dtl__quote(err.text, q, sizeof q), err.line, err.column, err.position);
+  }
   dtl_status st = DTL_OK;
   if (!json_is_object(root)) {
     st = DTL__ST_BAD(fn, f->path, "the header is %s (expected a JSON object of tensors)", dtl__json_kind(root));
@@ -268,8 +256,8 @@ static dtl_status dtl__st_parse(dtl_safetensors *f, const char *fn, const char *
   qsort(f->tensors, f->count, sizeof *f->tensors, dtl__st_by_name);
   for (size_t i = 1; i < f->count; i++) /* JSON_REJECT_DUPLICATES already refuses these */
     if (!strcmp(f->tensors[i - 1].name, f->tensors[i].name)) {
-      char q[96];
-      st = DTL__ST_BAD(fn, f->path, "tensor \"%s\": the name appears twice", dtl__st_quote(f->tensors[i].name, q, sizeof q));
+      char q[DTL__QUOTE_CAP];
+      st = DTL__ST_BAD(fn, f->path, "tensor \"%s\": the name appears twice", dtl__quote(f->tensors[i].name, q, sizeof q));
       goto done;
     }
   st = dtl__st_check_overlap(f, fn);
@@ -313,24 +301,25 @@ dtl_status dtl_safetensors_open(const char *path, dtl_safetensors **out) {
   f->window = DTL__ST_WINDOW;
   dtl_status st = DTL_OK;
   char *header = NULL;
-  f->path = dtl__st_strdup(path);
+  char qp[DTL__QUOTE_PATH_CAP];
+  f->path = dtl__st_strdup(dtl__quote(path, qp, sizeof qp));
   if (!f->path) {
     st = dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory");
     goto fail;
   }
   f->fd = open(path, O_RDONLY | O_CLOEXEC);
   if (f->fd < 0) {
-    st = dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "path=\"%s\" cannot be opened: %s", path, strerror(errno));
+    st = dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "path=\"%s\" cannot be opened: %s", f->path, strerror(errno));
     goto fail;
   }
   struct stat sb;
   if (fstat(f->fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-    st = DTL__ST_BAD(fn, path, "not a regular file");
+    st = DTL__ST_BAD(fn, f->path, "not a regular file");
     goto fail;
   }
   f->file_bytes = (uint64_t)sb.st_size;
   if (f->file_bytes < 8) {
-    st = DTL__ST_BAD(fn, path, "the file has %llu bytes, fewer than the 8 of the header length (truncated?)",
+    st = DTL__ST_BAD(fn, f->path, "the file has %llu bytes, fewer than the 8 of the header length (truncated?)",
                      (unsigned long long)f->file_bytes);
     goto fail;
   }
@@ -339,12 +328,12 @@ dtl_status dtl_safetensors_open(const char *path, dtl_safetensors **out) {
   uint64_t n = 0;
   for (int i = 7; i >= 0; i--) n = n << 8 | len8[i];
   if (n > f->file_bytes - 8) {
-    st = DTL__ST_BAD(fn, path, "header length=%llu runs past the end of the file (%llu bytes follow the length)",
+    st = DTL__ST_BAD(fn, f->path, "header length=%llu runs past the end of the file (%llu bytes follow the length)",
                      (unsigned long long)n, (unsigned long long)(f->file_bytes - 8));
     goto fail;
   }
   if (n > DTL__ST_MAX_HEADER) {
-    st = DTL__ST_BAD(fn, path, "header length=%llu exceeds the cap of %llu bytes", (unsigned long long)n,
+    st = DTL__ST_BAD(fn, f->path, "header length=%llu exceeds the cap of %llu bytes", (unsigned long long)n,
                      DTL__ST_MAX_HEADER);
     goto fail;
   }
@@ -394,21 +383,21 @@ dtl_status dtl__st_find(const dtl_safetensors *f, const char *fn, const char *na
   DTL_CHECK_ARG(f != NULL, fn, "file=NULL");
   DTL_CHECK_ARG(name != NULL, fn, "name=NULL");
   const dtl__st_tensor *t = dtl__st_lookup(f, name);
-  char q[96];
-  if (!t) return DTL__ST_BAD(fn, f->path, "tensor \"%s\" is not in the file (%zu tensors)", dtl__st_quote(name, q, sizeof q), f->count);
+  char q[DTL__QUOTE_CAP];
+  if (!t) return DTL__ST_BAD(fn, f->path, "tensor \"%s\" is not in the file (%zu tensors)", dtl__quote(name, q, sizeof q), f->count);
   *out = t;
   return DTL_OK;
 }
 
 dtl_status dtl__st_check_dtype(const dtl_safetensors *f, const char *fn, const dtl__st_tensor *t, dtl_dtype want) {
-  char q[96];
+  char q[DTL__QUOTE_CAP];
   if (t->dtype->dtype < 0)
     return dtl__error_fn(DTL_ERR_UNSUPPORTED, fn, "%s: tensor \"%s\": dtype=%s has no dtl dtype (wanted %s)", f->path,
-                         dtl__st_quote(t->name, q, sizeof q), t->dtype->name,
+                         dtl__quote(t->name, q, sizeof q), t->dtype->name,
                          dtl_dtype_name(want) ? dtl_dtype_name(want) : "?");
   if (t->dtype->dtype != (int)want)
     return DTL__ST_BAD(fn, f->path, "tensor \"%s\": dtype=%s in the file, %s requested (dtl converts nothing)",
-                       dtl__st_quote(t->name, q, sizeof q), t->dtype->name,
+                       dtl__quote(t->name, q, sizeof q), t->dtype->name,
                        dtl__st_dtype_name(want) ? dtl__st_dtype_name(want) : "an invalid dtype");
   return DTL_OK;
 }
@@ -417,13 +406,13 @@ dtl_status dtl_safetensors_info(const dtl_safetensors *f, const char *name, dtl_
   static const char fn[] = "dtl_safetensors_info";
   const dtl__st_tensor *t;
   DTL_TRY(dtl__st_find(f, fn, name, &t));
-  char q[96];
+  char q[DTL__QUOTE_CAP];
   if (dtype && t->dtype->dtype < 0)
     return dtl__error_fn(DTL_ERR_UNSUPPORTED, fn, "%s: tensor \"%s\": dtype=%s has no dtl dtype", f->path,
-                         dtl__st_quote(name, q, sizeof q), t->dtype->name);
+                         dtl__quote(name, q, sizeof q), t->dtype->name);
   if (shape && t->ndim > DTL_MAX_TENSOR_DIMS)
     return dtl__error_fn(DTL_ERR_UNSUPPORTED, fn, "%s: tensor \"%s\": %d dims (dtl tensors have at most %d)", f->path,
-                         dtl__st_quote(name, q, sizeof q), t->ndim, DTL_MAX_TENSOR_DIMS);
+                         dtl__quote(name, q, sizeof q), t->ndim, DTL_MAX_TENSOR_DIMS);
   if (dtype) *dtype = (dtl_dtype)t->dtype->dtype;
   if (ndim) *ndim = t->ndim;
   if (shape) memcpy(shape, t->shape, (size_t)t->ndim * sizeof *shape);

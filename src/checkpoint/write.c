@@ -21,9 +21,10 @@ struct dtl_safetensors_writer {
 
 static dtl_status dtl__st_write_all(const char *fn, const char *what, int fd, const void *buf, size_t n, uint64_t off) {
   int e = dtl__st_io(fd, (void *)buf, n, off, true);
+  char q[DTL__QUOTE_PATH_CAP];
   if (e)
-    return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "%s: writing %zu bytes at byte %llu failed: %s", what, n,
-                         (unsigned long long)off, e > 0 ? strerror(e) : "no progress");
+    return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "%s: writing %zu bytes at byte %llu failed: %s",
+                         dtl__quote(what, q, sizeof q), n, (unsigned long long)off, e > 0 ? strerror(e) : "no progress");
   return DTL_OK;
 }
 
@@ -51,8 +52,9 @@ dtl_status dtl_safetensors_write_begin(const char *path, dtl_safetensors_writer 
   dtl__free(tmp);
   if (w->fd < 0) {
     dtl_safetensors_write_cancel(w);
-    return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "path=\"%s\": cannot create a file next to it: %s", path,
-                         strerror(err));
+    char q[DTL__QUOTE_PATH_CAP];
+    return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "path=\"%s\": cannot create a file next to it: %s",
+                         dtl__quote(path, q, sizeof q), strerror(err));
   }
   *out = w;
   return DTL_OK;
@@ -63,10 +65,10 @@ dtl_status dtl_safetensors_write_add(dtl_safetensors_writer *w, const char *name
   static const char fn[] = "dtl_safetensors_write_add";
   DTL_CHECK_ARG(w != NULL, fn, "writer=NULL");
   DTL_CHECK_ARG(name != NULL, fn, "name=NULL");
-  char q[96];
+  char q[DTL__QUOTE_CAP];
   DTL_CHECK_ARG(strcmp(name, "__metadata__") != 0, fn, "name=\"__metadata__\" (reserved for the metadata)");
   DTL_CHECK_ARG(json_object_get(w->header, name) == NULL, fn, "name=\"%s\" was added before",
-                dtl__st_quote(name, q, sizeof q));
+                dtl__quote(name, q, sizeof q));
   DTL_CHECK_ARG(dtl__dtype_valid(dtype), fn, "dtype=%d (expected a dtl_dtype)", (int)dtype);
   DTL_CHECK_ARG(ndim >= 0 && ndim <= DTL_MAX_TENSOR_DIMS, fn, "ndim=%d (expected 0..%d)", ndim, DTL_MAX_TENSOR_DIMS);
   DTL_CHECK_ARG(ndim == 0 || shape != NULL, fn, "shape=NULL with ndim=%d", ndim);
@@ -98,7 +100,7 @@ dtl_status dtl_safetensors_write_add(dtl_safetensors_writer *w, const char *name
   dtl_status st = dtl__st_write_all(fn, w->path, w->fd, data, bytes, w->bytes);
   if (st == DTL_OK && json_object_set_new(w->header, name, entry) != 0) {
     entry = NULL; /* json_object_set_new frees it on failure too */
-    st = dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "name=\"%s\" is not a UTF-8 string", dtl__st_quote(name, q, sizeof q));
+    st = dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "name=\"%s\" is not a UTF-8 string", dtl__quote(name, q, sizeof q));
   } else if (st != DTL_OK) {
     json_decref(entry);
   }
@@ -111,7 +113,7 @@ dtl_status dtl_safetensors_write_metadata(dtl_safetensors_writer *w, const char 
   DTL_CHECK_ARG(w != NULL, fn, "writer=NULL");
   DTL_CHECK_ARG(key != NULL, fn, "key=NULL");
   DTL_CHECK_ARG(value != NULL, fn, "value=NULL");
-  char q[96];
+  char q[DTL__QUOTE_CAP];
   json_t *meta = json_object_get(w->header, "__metadata__");
   if (!meta) {
     meta = json_object();
@@ -119,9 +121,9 @@ dtl_status dtl_safetensors_write_metadata(dtl_safetensors_writer *w, const char 
       return dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory");
   }
   json_t *v = json_string(value);
-  if (!v) return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "value=\"%s\" is not a UTF-8 string", dtl__st_quote(value, q, sizeof q));
+  if (!v) return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "value=\"%s\" is not a UTF-8 string", dtl__quote(value, q, sizeof q));
   if (json_object_set_new(meta, key, v) != 0)
-    return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "key=\"%s\" is not a UTF-8 string", dtl__st_quote(key, q, sizeof q));
+    return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "key=\"%s\" is not a UTF-8 string", dtl__quote(key, q, sizeof q));
   return DTL_OK;
 }
 
@@ -132,13 +134,15 @@ dtl_status dtl_safetensors_write_end(dtl_safetensors_writer *w) {
   char *json = json_dumps(w->header, JSON_SORT_KEYS | JSON_COMPACT);
   char *buf = dtl__malloc(DTL__ST_WINDOW);
   int fd = -1;
+  char q[DTL__QUOTE_PATH_CAP];
   if (!json || !buf) {
     st = dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory");
     goto done;
   }
   fd = open(w->path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) {
-    st = dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "path=\"%s\" cannot be written: %s", w->path, strerror(errno));
+    st = dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "path=\"%s\" cannot be written: %s",
+                       dtl__quote(w->path, q, sizeof q), strerror(errno));
     goto done;
   }
   /* The data starts 8-byte aligned: the header is padded with spaces, which JSON allows after the object. */
@@ -152,7 +156,8 @@ dtl_status dtl_safetensors_write_end(dtl_safetensors_writer *w) {
     size_t k = w->bytes - at < DTL__ST_WINDOW ? (size_t)(w->bytes - at) : DTL__ST_WINDOW;
     int e = dtl__st_io(w->fd, buf, k, at, false);
     if (e) {
-      st = dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "%s: reading back the data at byte %llu failed: %s", w->path,
+      st = dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "%s: reading back the data at byte %llu failed: %s",
+                         dtl__quote(w->path, q, sizeof q),
                          (unsigned long long)at, e > 0 ? strerror(e) : "end of file");
       goto done;
     }
@@ -160,7 +165,8 @@ dtl_status dtl_safetensors_write_end(dtl_safetensors_writer *w) {
     at += k;
   }
   if (close(fd) != 0 && st == DTL_OK)
-    st = dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "%s: close failed: %s", w->path, strerror(errno));
+    st = dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "%s: close failed: %s", dtl__quote(w->path, q, sizeof q),
+                       strerror(errno));
   fd = -1;
 done:
   if (fd >= 0) close(fd);

@@ -37,8 +37,10 @@ dtl_status dtl_dtype_parse(const char *text, dtl_dtype *out) {
       return DTL_OK;
     }
   }
+  char q[DTL__QUOTE_CAP];
   return dtl__error(DTL_ERR_INVALID_ARGUMENT,
-                    "dtl_dtype_parse: text=\"%s\" (expected f32, f64, f16, bf16, i8, u8, i32 or i64)", text);
+                    "dtl_dtype_parse: text=\"%s\" (expected f32, f64, f16, bf16, i8, u8, i32 or i64)",
+                    dtl__quote(text, q, sizeof q));
 }
 
 dtl_status dtl__bytes(const char *fn, const char *arg, size_t count, dtl_dtype t, size_t *bytes) {

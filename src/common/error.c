@@ -27,6 +27,7 @@ dtl_status dtl__error(dtl_status s, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(dtl__message, sizeof dtl__message, fmt, ap);
   va_end(ap);
+  dtl__utf8_trim(dtl__message);
   DTL_LOG(DTL_LOG_INFO, "error", "%s: %s", dtl_status_name(s), dtl__message);
   return s;
 }
@@ -38,6 +39,7 @@ dtl_status dtl__error_fn(dtl_status s, const char *fn, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(dtl__message + n, sizeof dtl__message - (size_t)n, fmt, ap);
   va_end(ap);
+  dtl__utf8_trim(dtl__message);
   DTL_LOG(DTL_LOG_INFO, "error", "%s: %s", dtl_status_name(s), dtl__message);
   return s;
 }
@@ -58,6 +60,7 @@ dtl_status dtl__error_prefix(dtl_status s, const char *fmt, ...) {
     if (olen > rest) olen = rest;
     memcpy(dtl__message + n + 2, old, olen);
     dtl__message[n + 2 + olen] = '\0';
+    dtl__utf8_trim(dtl__message);
   }
   return s;
 }

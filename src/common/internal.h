@@ -11,6 +11,7 @@
 #include <stddef.h>
 #include "dtl.h"
 #include "common/alloc.h"
+#include "common/quote.h"
 
 #ifdef __cplusplus
 extern "C" { /* device_memory.cu includes this file */

@@ -74,6 +74,7 @@ void dtl__log(dtl__log_level lvl, const char *subsys, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(line, sizeof line, fmt, ap);
   va_end(ap);
+  dtl__utf8_trim(line);
   fprintf(dtl__log_cfg.file, "%s dtl %s %s: %s\n", dtl__log_cfg.prefix, tags[lvl], subsys, line);
   fflush(dtl__log_cfg.file);
 }

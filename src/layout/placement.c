@@ -8,9 +8,6 @@
 
 static const char dtl__parse_fn[] = "dtl_placements_parse";
 
-/* Quotes at most this many characters of the caller's text in a message. */
-#define DTL__QUOTE_MAX 80
-
 /* One entry: ws* (R | S d | S(d) | P | P(op)) ws*, ended by ',' or the end of the text. On success *pos
  * is past the entry (at the ',' or the NUL). index is the entry's 1-based number, for the message. */
 static dtl_status dtl__parse_entry(const char *text, size_t *pos, int index, dtl_placement *out) {
@@ -21,12 +18,11 @@ static dtl_status dtl__parse_entry(const char *text, size_t *pos, int index, dtl
   for (size_t j = start; text[j] && text[j] != ','; j++)
     if (!isspace((unsigned char)text[j])) end = j + 1;
   const int len = (int)(end - start);
-  const int tlen = (int)strnlen(text, DTL__QUOTE_MAX);
-  const char *tail = text[tlen] ? "..." : "";
+  char qt[DTL__QUOTE_CAP], qe[DTL__QUOTE_CAP];
   if (len == 0)
     return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, dtl__parse_fn,
-                         "text=\"%.*s%s\": entry %d at offset %zu is empty (expected R, S(d), Sd, P or P(op))", tlen,
-                         text, tail, index, start);
+                         "text=\"%s\": entry %d at offset %zu is empty (expected R, S(d), Sd, P or P(op))",
+                         dtl__quote(text, qt, sizeof qt), index, start);
   const char *e = text + start;
   dtl_placement p;
   bool ok = false;
@@ -79,8 +75,8 @@ static dtl_status dtl__parse_entry(const char *text, size_t *pos, int index, dtl
     }
   }
   if (!ok)
-    return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, dtl__parse_fn, "text=\"%.*s%s\": entry %d \"%.*s\" at offset %zu (%s)",
-                         tlen, text, tail, index, len < DTL__QUOTE_MAX ? len : DTL__QUOTE_MAX, e, start, why);
+    return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, dtl__parse_fn, "text=\"%s\": entry %d \"%s\" at offset %zu (%s)",
+                         dtl__quote(text, qt, sizeof qt), index, dtl__quote_n(e, (size_t)len, qe, sizeof qe), start, why);
   *out = p;
   *pos = end;
   while (isspace((unsigned char)text[*pos])) (*pos)++;
@@ -111,9 +107,9 @@ dtl_status dtl_placements_parse(const char *text, dtl_placement *out, int max, i
   /* Validate and count first so that a failure, or a list longer than max, writes nothing. */
   int n;
   DTL_TRY(dtl__parse_list(text, NULL, &n));
-  const int tlen = (int)strnlen(text, DTL__QUOTE_MAX);
-  DTL_CHECK_ARG(n <= max, dtl__parse_fn, "text=\"%.*s%s\" has %d entries (expected at most max=%d)", tlen, text,
-                text[tlen] ? "..." : "", n, max);
+  char qt[DTL__QUOTE_CAP];
+  DTL_CHECK_ARG(n <= max, dtl__parse_fn, "text=\"%s\" has %d entries (expected at most max=%d)",
+                dtl__quote(text, qt, sizeof qt), n, max);
   DTL_TRY(dtl__parse_list(text, out, &n));
   *count = n;
   return DTL_OK;

@@ -36,13 +36,15 @@ dtl_status dtl__cost_parse_tune(const char *fn, const char *text, dtl_cost_model
       "values finite and >= 0, no blanks, e.g. \"alpha=2e-6,beta=2e-10,local_beta=1e-10\"";
   dtl_cost_model m = *inout;
   uint64_t seen = 0;
+  char qt[DTL__QUOTE_CAP], qe[DTL__QUOTE_CAP]; /* the text and the bad entry, quoted for the message */
   const char *p = text;
   while (*p) {
     const char *end = strchr(p, ',');
     size_t len = end ? (size_t)(end - p) : strlen(p);
     char entry[64];
     if (len == 0 || len >= sizeof entry)
-      return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "DTL_PLAN_TUNE=\"%s\": %s entry at offset %d (%s)", text,
+      return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "DTL_PLAN_TUNE=\"%s\": %s entry at offset %d (%s)",
+                           dtl__quote(text, qt, sizeof qt),
                            len ? "over-long" : "empty", (int)(p - text), expected);
     memcpy(entry, p, len);
     entry[len] = '\0';
@@ -55,10 +57,11 @@ dtl_status dtl__cost_parse_tune(const char *fn, const char *text, dtl_cost_model
       *eq = '=';
     }
     if (k < 0)
-      return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "DTL_PLAN_TUNE=\"%s\": entry \"%s\" has no known key (%s)", text,
-                           entry, expected);
+      return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "DTL_PLAN_TUNE=\"%s\": entry \"%s\" has no known key (%s)",
+                           dtl__quote(text, qt, sizeof qt), dtl__quote(entry, qe, sizeof qe), expected);
     if (seen & keys[k].bit)
-      return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "DTL_PLAN_TUNE=\"%s\": %s is given twice (%s)", text,
+      return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "DTL_PLAN_TUNE=\"%s\": %s is given twice (%s)",
+                           dtl__quote(text, qt, sizeof qt),
                            keys[k].key, expected);
     const char *num = eq + 1;
     char *stop = NULL;
@@ -66,7 +69,7 @@ dtl_status dtl__cost_parse_tune(const char *fn, const char *text, dtl_cost_model
     double v = (*num && *num != ' ' && *num != '\t') ? strtod(num, &stop) : NAN;
     if (!stop || stop == num || *stop != '\0' || errno == ERANGE || !dtl__cost_value_ok(v))
       return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "DTL_PLAN_TUNE=\"%s\": %s=\"%s\" is not a finite number >= 0 (%s)",
-                           text, keys[k].key, num, expected);
+                           dtl__quote(text, qt, sizeof qt), keys[k].key, dtl__quote(num, qe, sizeof qe), expected);
     seen |= keys[k].bit;
     if (k == 0) m.alpha_s = v;
     if (k == 1) m.beta_s_per_byte = v;
@@ -74,7 +77,8 @@ dtl_status dtl__cost_parse_tune(const char *fn, const char *text, dtl_cost_model
     if (!end) break;
     p = end + 1;
     if (!*p)
-      return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "DTL_PLAN_TUNE=\"%s\": trailing comma (%s)", text, expected);
+      return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "DTL_PLAN_TUNE=\"%s\": trailing comma (%s)",
+                           dtl__quote(text, qt, sizeof qt), expected);
   }
   *inout = m;
   return DTL_OK;

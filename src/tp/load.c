@@ -30,9 +30,9 @@ static dtl_status dtl__tp_read(const dtl_tp_context *ctx, const char *fn, const 
     bool ok = (t->ndim == 2 && t->shape[0] == s->rows && t->shape[1] == s->cols) ||
               (s->cols == 1 && t->ndim == 1 && t->shape[0] == s->rows);
     if (!ok) {
-      char q[96], a[160];
+      char q[DTL__QUOTE_CAP], a[160];
       return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "%s: tensor \"%s\": shape=%s in the file, expected [%lld,%lld]%s",
-                           f->path, dtl__st_quote(t->name, q, sizeof q), dtl__st_shape_str(t->ndim, t->shape, a, sizeof a),
+                           f->path, dtl__quote(t->name, q, sizeof q), dtl__st_shape_str(t->ndim, t->shape, a, sizeof a),
                            (long long)s->rows, (long long)s->cols, s->cols == 1 ? " or a 1-D bias" : "");
     }
     for (int r = 0; r < s->nranges; r++) total += (size_t)(s->ranges[r].rows * s->ncols);

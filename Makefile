@@ -5,11 +5,13 @@
 BUILD       ?= build
 BUILD_ASAN  ?= build-asan
 BUILD_MPICH ?= build-mpich
+BUILD_TSAN  ?= build-tsan
+BUILD_FUZZ  ?= build-fuzz
 PREFIX      ?= /usr/local
 NP          ?= 4
 JOBS        ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_FLAGS ?=
-PACKAGES       := libopenmpi-dev openmpi-bin libcmocka-dev libopenblas-dev libjansson-dev cmake pkg-config
+PACKAGES       := libopenmpi-dev openmpi-bin libcmocka-dev libopenblas-dev libjansson-dev cmake pkg-config clang
 MPICH_PACKAGES := libmpich-dev mpich
 # Debian's MPICH beside its default OpenMPI: the suffixed wrapper and launcher pick it. CPU-only, because
 # the NCCL backend does not depend on the MPI and building it twice costs time.
@@ -20,7 +22,7 @@ MPIRUN      ?= $(BUILD)/dtl-mpiexec
 SUBMAKE     := $(MAKE) --no-print-directory
 export DTL_NO_INSTALL
 
-.PHONY: all setup configure build demo test test-fast test-asan test-mpich bench install clean
+.PHONY: all setup configure build demo test test-fast test-asan test-tsan test-fuzz test-mpich bench install clean
 
 all: build
 
@@ -46,11 +48,14 @@ demo:
 	  if [ -x $(BUILD)/examples/$$ex ]; then echo "== $$ex on $(NP) ranks"; \
 	    DTL_CHECK=1 $(MPIRUN) -n $(NP) $(BUILD)/examples/$$ex || exit 1; fi; done
 
-# The whole suite, then again under AddressSanitizer + UndefinedBehaviorSanitizer (label "sanitize").
+# The whole suite, then again under AddressSanitizer + UndefinedBehaviorSanitizer (label "sanitize"), the
+# thread tests under ThreadSanitizer (label "tsan") and a short run of every fuzz target (label "fuzz").
 test:
 	@$(SUBMAKE) setup
 	@$(SUBMAKE) test-fast
 	@$(SUBMAKE) test-asan
+	@$(SUBMAKE) test-tsan
+	@$(SUBMAKE) test-fuzz
 
 test-fast: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
@@ -59,6 +64,22 @@ test-asan:
 	cmake -S . -B $(BUILD_ASAN) -DCMAKE_BUILD_TYPE=Debug -DDTL_SANITIZE=ON -DDTL_WITH_CUDA=OFF $(CMAKE_FLAGS)
 	cmake --build $(BUILD_ASAN) -j $(JOBS)
 	cd $(BUILD_ASAN) && ctest --output-on-failure -j $(JOBS) -L sanitize
+
+# ThreadSanitizer: a CPU-only build of the library and the tests labelled tsan only.
+test-tsan:
+	cmake -S . -B $(BUILD_TSAN) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDTL_TSAN=ON -DDTL_WITH_CUDA=OFF $(CMAKE_FLAGS)
+	cmake --build $(BUILD_TSAN) -j $(JOBS) --target dtl_tsan_tests
+	cd $(BUILD_TSAN) && ctest --output-on-failure -j $(JOBS) -L tsan
+
+# libFuzzer (clang): a CPU-only build of the library with ASan + UBSan + coverage and the targets of
+# tests/fuzz, each run for DTL_FUZZ_SECONDS (default 10) from its seed corpus. Skipped without clang.
+test-fuzz:
+	@if command -v clang >/dev/null 2>&1; then \
+	  cmake -S . -B $(BUILD_FUZZ) -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDTL_FUZZ=ON \
+	    -DDTL_WITH_CUDA=OFF $(CMAKE_FLAGS) && \
+	  cmake --build $(BUILD_FUZZ) -j $(JOBS) --target dtl_fuzz_targets && \
+	  cd $(BUILD_FUZZ) && ctest --output-on-failure -j $(JOBS) -L fuzz; \
+	else echo "SKIP test-fuzz: clang not found (make setup installs it)"; fi
 
 # The whole suite against MPICH instead of OpenMPI, in its own build folder.
 test-mpich:
@@ -80,4 +101,4 @@ install: build
 	cmake --install $(BUILD) --prefix $(PREFIX)
 
 clean:
-	rm -rf $(BUILD) $(BUILD_ASAN) $(BUILD_MPICH)
+	rm -rf $(BUILD) $(BUILD_ASAN) $(BUILD_MPICH) $(BUILD_TSAN) $(BUILD_FUZZ)

@@ -38,6 +38,8 @@ set(DTL_MPI_ENV ${DTL_MPIEXEC_ENV})
 list(APPEND DTL_MPI_ENV DTL_CHECK=1)
 if(DTL_SANITIZE)
   list(APPEND DTL_MPI_ENV "ASAN_OPTIONS=detect_leaks=0:abort_on_error=0:protect_shadow_gap=0" "UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1")
+elseif(DTL_TSAN)
+  list(APPEND DTL_MPI_ENV "TSAN_OPTIONS=halt_on_error=1:exitcode=66:second_deadlock_stack=1")
 elseif(DTL_MPI_IMPL STREQUAL "MPICH" AND DTL_BUILD_TESTS)
   # Tests only (benches must see MPICH as it is); ASan would refuse a library preloaded before its runtime.
   add_library(dtl_mpich_idle_sleep MODULE ${PROJECT_SOURCE_DIR}/tests/launch/mpich_idle_sleep.c)

@@ -22,7 +22,8 @@ MPIRUN      ?= $(BUILD)/dtl-mpiexec
 SUBMAKE     := $(MAKE) --no-print-directory
 export DTL_NO_INSTALL
 
-.PHONY: all setup configure build demo test test-fast test-asan test-tsan test-fuzz test-mpich bench install clean
+.PHONY: all setup configure build demo test test-fast test-asan test-tsan test-fuzz test-valgrind test-mpich gpu-check bench
+.PHONY: install clean
 
 all: build
 
@@ -80,6 +81,16 @@ test-fuzz:
 	  cmake --build $(BUILD_FUZZ) -j $(JOBS) --target dtl_fuzz_targets && \
 	  cd $(BUILD_FUZZ) && ctest --output-on-failure -j $(JOBS) -L fuzz; \
 	else echo "SKIP test-fuzz: clang not found (make setup installs it)"; fi
+
+# The examples under valgrind's memcheck (2 ranks; quickstart 4) with OpenMPI's suppressions: fails on any
+# record whose stack passes through libdtl. Not part of make test (minutes per example).
+test-valgrind: build
+	./tools/valgrind_examples.sh $(BUILD) 2
+
+# Everything that needs a GPU, in one go (tools/gpu_check.sh): ctest -L gpu, the examples' flows on an NCCL
+# communicator of one rank, the pack/copy kernels' bandwidth next to cudaMemcpy; "SKIP: no GPU" without one.
+gpu-check: build
+	./tools/gpu_check.sh $(BUILD)
 
 # The whole suite against MPICH instead of OpenMPI, in its own build folder.
 test-mpich:

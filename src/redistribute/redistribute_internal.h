@@ -15,8 +15,8 @@ dtl_status dtl__plan_cached(const dtl_layout *src, const dtl_layout *dst, const 
 void dtl__plan_cache_stats(const dtl_mesh *m, uint64_t *hits, uint64_t *misses);
 
 /* Test hook: the bytes of one chunk of a host pack/unpack pass (0: the default, 1 MiB) and how many chunks
- * an average shard must hold before an all-to-all is chunked (0: the default, 32). Not thread-safe; plans
- * made before a change keep their scratch figure, so change it only between plan creations. */
+ * an average shard must hold before an all-to-all is chunked (0: the default, 32). Read when a plan is
+ * compiled (created): plans made before a change keep their chunking. Not thread-safe. */
 void dtl__executor_set_chunking(size_t chunk_bytes, size_t a2a_min_chunks);
 
 #endif

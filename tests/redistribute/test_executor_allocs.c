@@ -13,6 +13,7 @@
 #define REPEAT 100
 
 static dtl_comm *world;
+static dtl_mesh *line; /* 1-D over all ranks */
 
 /* The dense tensor: element i (row-major) is i % 1009 - 500, exact in every dtype used and in sums over ranks. */
 static double value(int64_t i) { return (double)(i % 1009 - 500); }
@@ -124,9 +125,8 @@ static void repeat_pair(pair *q, via how) {
 /* The plans every case runs: one per kind of step on a 1-D mesh of all ranks (uneven where p does not divide
  * the dims), chunked passes with small chunks, and multi-step plans on a 2 x (p/2) mesh. */
 static void for_each_pair(via how) {
-  int p = dt_size, shape1[1] = {p};
-  dtl_mesh *m1 = NULL, *m2 = NULL;
-  CHECK_OK(dtl_mesh_create(world, 1, shape1, &m1));
+  int p = dt_size;
+  dtl_mesh *m2 = NULL;
   static const struct {
     int64_t shape[2];
     const char *from, *to;
@@ -146,7 +146,7 @@ static void for_each_pair(via how) {
   for (size_t i = 0; i < sizeof one_d / sizeof one_d[0]; i++) {
     dtl__executor_set_chunking(one_d[i].chunk, one_d[i].chunk ? 2 : 0);
     pair q;
-    pair_open(&q, m1, one_d[i].shape, one_d[i].from, one_d[i].to);
+    pair_open(&q, line, one_d[i].shape, one_d[i].from, one_d[i].to);
     dtl__executor_set_chunking(0, 0);
     if (one_d[i].chunk && p > 1 && q.plan)
       CHECK(q.plan->exec->ex[0].crows > 0, "%s: the step is not chunked (the case would not cover chunking)", q.what);
@@ -173,39 +173,22 @@ static void for_each_pair(via how) {
     }
   }
   dtl_mesh_destroy(m2);
-  dtl_mesh_destroy(m1);
 }
 
 static void repeated_plan_executions_allocate_nothing(void) { for_each_pair(VIA_EXECUTE); }
 static void repeated_cached_redistributions_allocate_nothing(void) { for_each_pair(VIA_REDISTRIBUTE); }
 static void a_callers_workspace_means_no_allocation_even_on_the_first_call(void) { for_each_pair(VIA_WORKSPACE); }
 
-/* The plan's own workspace is what dtl_plan_scratch_bytes says; the caller's form needs at most
- * dtl_plan_workspace_bytes. */
-static void workspace_bytes_cover_the_scratch_figure(void) {
-  int shape1[1] = {dt_size};
-  dtl_mesh *m = NULL;
-  CHECK_OK(dtl_mesh_create(world, 1, shape1, &m));
-  pair q;
-  int64_t shape[2] = {4, 4 * (int64_t)dt_size};
-  pair_open(&q, m, shape, "S1", "R");
-  CHECK(dtl_plan_workspace_bytes(q.plan) >= dtl_plan_scratch_bytes(q.plan), "%s: workspace %zu < scratch %zu", q.what,
-        dtl_plan_workspace_bytes(q.plan), dtl_plan_scratch_bytes(q.plan));
-  CHECK(dtl_plan_workspace_bytes(NULL) == 0, "workspace bytes of NULL");
-  pair_close(&q);
-  dtl_mesh_destroy(m);
-}
-
 /* too_small_or_null_workspace_is_rejected_naming_the_bytes_needed: S1 -> R of [4, 4p] unpacks on every rank, so
  * every rank needs scratch and every rank refuses alike (no rank is left in the collective). */
 static void too_small_or_null_workspace_is_rejected_naming_the_bytes_needed(void) {
-  int shape1[1] = {dt_size};
-  dtl_mesh *m = NULL;
-  CHECK_OK(dtl_mesh_create(world, 1, shape1, &m));
   pair q;
   int64_t shape[2] = {4, 4 * (int64_t)dt_size};
-  pair_open(&q, m, shape, "S1", "R");
+  pair_open(&q, line, shape, "S1", "R");
   size_t need = dtl_plan_scratch_bytes(q.plan);
+  CHECK(dtl_plan_workspace_bytes(q.plan) == need, "%s: workspace %zu, scratch %zu", q.what,
+        dtl_plan_workspace_bytes(q.plan), need);
+  CHECK(dtl_plan_workspace_bytes(NULL) == 0, "workspace bytes of NULL");
   char text[64];
   snprintf(text, sizeof text, "needs %zu bytes", need);
   void *ws = malloc(need + 1);
@@ -224,23 +207,19 @@ static void too_small_or_null_workspace_is_rejected_naming_the_bytes_needed(void
   pair_close(&q);
   /* A plan that needs no scratch (a contiguous gather) runs with no workspace at all. */
   int64_t rows[2] = {4 * (int64_t)dt_size, 3};
-  pair_open(&q, m, rows, "S0", "R");
+  pair_open(&q, line, rows, "S0", "R");
   CHECK(dtl_plan_workspace_bytes(q.plan) == 0, "%s: workspace %zu", q.what, dtl_plan_workspace_bytes(q.plan));
   CHECK_OK(dtl_plan_execute_with_workspace(q.plan, q.in, q.out, NULL, 0));
   CHECK(wrong(q.dst, q.out) == 0, "%s: wrong values", q.what);
   pair_close(&q);
-  dtl_mesh_destroy(m);
 }
 
 /* in_place_local_plans_fit_in_the_workspace_bytes: R -> S1 with src_local == dst_local works within
  * dtl_plan_workspace_bytes, allocating nothing. */
 static void in_place_local_plans_fit_in_the_workspace_bytes(void) {
-  int shape1[1] = {dt_size};
-  dtl_mesh *m = NULL;
-  CHECK_OK(dtl_mesh_create(world, 1, shape1, &m));
   pair q;
   int64_t shape[2] = {5, 3 * (int64_t)dt_size + 1};
-  pair_open(&q, m, shape, "R", "S1");
+  pair_open(&q, line, shape, "R", "S1");
   size_t wsb = dtl_plan_workspace_bytes(q.plan);
   void *ws = malloc(wsb + 1);
   float *buf = malloc(dtl_layout_local_count(q.src) * sizeof(float) + 4);
@@ -255,7 +234,6 @@ static void in_place_local_plans_fit_in_the_workspace_bytes(void) {
   free(buf);
   free(ws);
   pair_close(&q);
-  dtl_mesh_destroy(m);
 }
 
 /* plans_on_abstract_meshes_are_explained_not_run: no communicator, so no workspace and no execution. */
@@ -278,13 +256,14 @@ int main(int argc, char **argv) {
   dt_init(&argc, &argv);
   unsetenv("DTL_CHECK"); /* its fingerprint exchange is not the executor's */
   CHECK_OK(dtl_comm_from_mpi(MPI_COMM_WORLD, &world));
+  CHECK_OK(dtl_mesh_create(world, 1, &dt_size, &line));
   RUN(repeated_plan_executions_allocate_nothing);
   RUN(repeated_cached_redistributions_allocate_nothing);
   RUN(a_callers_workspace_means_no_allocation_even_on_the_first_call);
-  RUN(workspace_bytes_cover_the_scratch_figure);
   RUN(too_small_or_null_workspace_is_rejected_naming_the_bytes_needed);
   RUN(in_place_local_plans_fit_in_the_workspace_bytes);
   RUN(plans_on_abstract_meshes_are_explained_not_run);
+  dtl_mesh_destroy(line);
   dtl_comm_destroy(world);
   return dt_finish();
 }

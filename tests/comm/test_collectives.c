@@ -8,11 +8,8 @@
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 #include "common/half.h"
-#include "dtl.h"
-#include "dtl/mpi.h"
-#include "mpi_check.h"
+#include "dtl_test.h"
 
 static dtl_comm *comm;
 static int rank, size;
@@ -475,10 +472,31 @@ static void send_recv_ring_passes_each_block_to_the_next_rank(void) {
 }
 
 /* --- nonblocking ------------------------------------------------------------------------------------------------ */
-/* Six operations in flight at once, polled, then waited for in reverse order; the results match the
- * blocking oracle, including DTL_AVG's division and the in-place reduce-scatter's move, which happen in
- * dtl_wait. */
-static void nonblocking_collectives_overlap_and_complete_in_wait(void) {
+/* Polls every request with dtl_test until all report done, without dtl_wait: each call returns DTL_OK and
+ * done 0 or 1, and a request once done stays done. Returns the number of polling rounds. */
+static long poll_until_done(dtl_request **req, int n) {
+  int done[8] = {0}, left = n;
+  long rounds = 0;
+  while (left > 0) {
+    rounds++;
+    for (int j = 0; j < n; j++) {
+      int d = -1;
+      dtl_status st = dtl_test(req[j], &d);
+      CHECK(st == DTL_OK, "dtl_test(req[%d]) -> %s: %s", j, dtl_status_name(st), dtl_last_error());
+      if (st != DTL_OK) return rounds; /* the watchdog would otherwise catch an endless loop */
+      CHECK(d == 0 || d == 1, "dtl_test(req[%d]) stored done=%d", j, d);
+      CHECK(!done[j] || d == 1, "req[%d] reported done, then not done", j);
+      if (d == 1 && !done[j]) done[j] = 1, left--;
+    }
+  }
+  return rounds;
+}
+
+/* Six operations in flight at once; while they run, this rank does its own work (the all-reduce's expected
+ * result); then dtl_test polls them to completion and dtl_wait (in reverse order) finishes them. The results
+ * match the blocking oracle, including DTL_AVG's division and the in-place reduce-scatter's move, which
+ * happen in dtl_wait. */
+static void nonblocking_collectives_run_beside_local_work_and_complete_through_test_then_wait(void) {
   for (int d = 0; d < NDTYPES; d++) {
     dtl_dtype t = all_dtypes[d];
     size_t n = 1500, total = n * (size_t)size, es = esz(t);
@@ -498,6 +516,7 @@ static void nonblocking_collectives_overlap_and_complete_in_wait(void) {
     void *rs_buf = sentinel_buf(total, t);
     void *a2a_send = sentinel_buf(total, t), *a2a_recv = sentinel_buf(total, t);
     void *a2av_send = sentinel_buf(soff[size], t), *a2av_recv = sentinel_buf(roff[size], t);
+    double *ar_want = malloc(sizeof(double) * n);
     for (size_t i = 0; i < n; i++) put(t, ar_send, i, gen_reduce(t, DTL_AVG, rank, i, 19));
     for (size_t i = 0; i < n; i++) put(t, ag_send, i, gen_move(t, rank, i, 20));
     for (size_t i = 0; i < gv[rank]; i++) put(t, (char *)agv_recv + goff[rank] * es, i, gen_move(t, rank, i, 21));
@@ -513,13 +532,16 @@ static void nonblocking_collectives_overlap_and_complete_in_wait(void) {
     CHECK_OK(dtl_reduce_scatter_async(comm, rs_buf, (char *)rs_buf + (size_t)rank * n * es, n, t, DTL_SUM, &req[3]));
     CHECK_OK(dtl_all_to_all_async(comm, a2a_send, a2a_recv, n, t, &req[4]));
     CHECK_OK(dtl_all_to_allv_async(comm, a2av_send, sc, a2av_recv, rc, t, &req[5]));
-    int done = 0;
-    for (int spin = 0; spin < 1000 && !done; spin++) CHECK_OK(dtl_test(req[0], &done));
+    /* Local work while the operations are in flight: it touches none of their buffers. */
+    for (size_t i = 0; i < n; i++) ar_want[i] = oracle_reduce(t, DTL_AVG, i, 19);
+    bool started = true;
+    for (int j = 0; j < 6; j++) started = started && req[j];
+    if (started) poll_until_done(req, 6);
     for (int j = 5; j >= 0; j--)
       if (req[j]) CHECK_OK(dtl_wait(req[j]));
 
     const char *tn = dtl_dtype_name(t);
-    EXPECT_ELEMENTS(t, ar_recv, n, oracle_reduce(t, DTL_AVG, i, 19), "all_reduce_async %s avg", tn);
+    EXPECT_ELEMENTS(t, ar_recv, n, ar_want[i], "all_reduce_async %s avg", tn);
     EXPECT_ELEMENTS(t, ag_recv, total, gen_move(t, (int)(i / n), i % n, 20), "all_gather_async %s", tn);
     for (int r = 0; r < size; r++)
       EXPECT_ELEMENTS(t, (char *)agv_recv + goff[r] * es, gv[r], gen_move(t, r, i, 21), "all_gatherv_async %s", tn);
@@ -528,9 +550,38 @@ static void nonblocking_collectives_overlap_and_complete_in_wait(void) {
     EXPECT_ELEMENTS(t, a2a_recv, total, gen_a2a(t, (int)(i / n), rank, i % n), "all_to_all_async %s", tn);
     for (int r = 0; r < size; r++)
       EXPECT_ELEMENTS(t, (char *)a2av_recv + roff[r] * es, rc[r], gen_a2a(t, r, rank, i), "all_to_allv_async %s", tn);
-    void *bufs[] = {ar_send, ar_recv, ag_send, ag_recv, agv_recv, rs_buf, a2a_send, a2a_recv, a2av_send, a2av_recv};
+    void *bufs[] = {ar_send, ar_recv, ag_send, ag_recv, agv_recv, rs_buf, a2a_send, a2a_recv, a2av_send, a2av_recv, ar_want};
     for (size_t j = 0; j < sizeof bufs / sizeof *bufs; j++) free(bufs[j]);
   }
+}
+
+/* Rank 0 starts an all-reduce while every other rank is held back (waiting for rank 0's go-ahead, sent on
+ * MPI_COMM_WORLD, outside the dtl communicator): the operation cannot complete, and dtl_test must say so
+ * every time. Once released, the others start it too, every rank polls to done, and the sum is right. */
+static void test_reports_not_done_while_a_peer_has_not_started(void) {
+  int64_t mine[3] = {rank + 1, 10 * rank, -rank}, sum[3] = {-1, -1, -1};
+  dtl_request *req = NULL;
+  int go = 1;
+  if (rank != 0) MPI_Recv(&go, 1, MPI_INT, 0, 77, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+  CHECK_OK(dtl_all_reduce_async(comm, mine, sum, 3, DTL_INT64, DTL_SUM, &req));
+  if (rank == 0 && size > 1) {
+    int early_done = 0;
+    for (int poll = 0; req && poll < 200; poll++) {
+      int d = -1;
+      CHECK_OK(dtl_test(req, &d));
+      CHECK(d == 0 || d == 1, "dtl_test stored done=%d", d);
+      early_done += d == 1;
+    }
+    CHECK(early_done == 0, "dtl_test reported done %d times before any peer had started", early_done);
+    for (int r = 1; r < size; r++) MPI_Send(&go, 1, MPI_INT, r, 77, MPI_COMM_WORLD);
+  }
+  if (!req) return;
+  poll_until_done(&req, 1);
+  CHECK_OK(dtl_wait(req));
+  int64_t want[3] = {0, 0, 0};
+  for (int r = 0; r < size; r++) want[0] += r + 1, want[1] += 10 * r, want[2] -= r;
+  for (int i = 0; i < 3; i++)
+    CHECK(sum[i] == want[i], "sum[%d] = %lld (expected %lld)", i, (long long)sum[i], (long long)want[i]);
 }
 
 /* --- communicators ---------------------------------------------------------------------------------------------- */
@@ -553,19 +604,11 @@ static void split_makes_independent_communicators_by_color(void) {
 }
 
 int main(int argc, char **argv) {
-  alarm(120); /* a collective that hangs fails the test in minutes instead of waiting for ctest's timeout */
-  MPI_Init(&argc, &argv);
-  if (dtl_comm_from_mpi(MPI_COMM_WORLD, &comm) != DTL_OK) {
-    fprintf(stderr, "dtl_comm_from_mpi: %s\n", dtl_last_error());
-    MPI_Abort(MPI_COMM_WORLD, 2);
-  }
+  dt_init(&argc, &argv);
+  if (dt_size > 64) return dt_skip("the test's count tables hold at most 64 ranks");
+  REQUIRE_OK(dtl_comm_from_mpi(MPI_COMM_WORLD, &comm));
   rank = dtl_comm_rank(comm);
   size = dtl_comm_size(comm);
-  if (size > 64) {
-    printf("skipped: the test's count tables hold at most 64 ranks\n");
-    MPI_Finalize();
-    return 77;
-  }
   double t0 = MPI_Wtime();
   RUN(broadcast_copies_root_buffer_to_every_rank);
   RUN(scatter_gives_rank_r_block_r_and_ignores_send_elsewhere);
@@ -581,11 +624,10 @@ int main(int argc, char **argv) {
   RUN(all_to_allv_with_an_empty_side_sharing_the_other_pointer_is_not_in_place);
   RUN(large_reductions_match_the_oracle_under_segmented_algorithms);
   RUN(send_recv_ring_passes_each_block_to_the_next_rank);
-  RUN(nonblocking_collectives_overlap_and_complete_in_wait);
+  RUN(nonblocking_collectives_run_beside_local_work_and_complete_through_test_then_wait);
+  RUN(test_reports_not_done_while_a_peer_has_not_started);
   RUN(split_makes_independent_communicators_by_color);
   if (rank == 0) printf("np=%d: %.2f s\n", size, MPI_Wtime() - t0);
-  int rc = mpi_check_finish();
   dtl_comm_destroy(comm);
-  MPI_Finalize();
-  return rc;
+  return dt_finish();
 }

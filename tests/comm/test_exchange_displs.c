@@ -8,9 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "comm/backend.h"
-#include "dtl.h"
-#include "dtl/mpi.h"
-#include "mpi_check.h"
+#include "dtl_test.h"
 
 static dtl_comm *comm;
 static int rank, size;
@@ -172,28 +170,23 @@ static void counts_or_displacements_beyond_int_max_are_unsupported(void) {
   CHECK(untouched, "a refused call wrote a buffer");
 }
 
-int main(int argc, char **argv) {
-  MPI_Init(&argc, &argv);
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  if (size > MAXP) {
-    if (rank == 0) printf("skipped: more than %d ranks\n", MAXP);
-    MPI_Finalize();
-    return 77;
-  }
-  if (dtl_comm_from_mpi(MPI_COMM_WORLD, &comm) != DTL_OK) {
-    fprintf(stderr, "dtl_comm_from_mpi: %s\n", dtl_last_error());
-    MPI_Abort(MPI_COMM_WORLD, 1);
-  }
+static void the_mpi_transport_offers_all_to_allv_displs(void) {
   CHECK(comm->ops->all_to_allv_displs != NULL, "the MPI transport offers no all_to_allv_displs");
+}
+
+int main(int argc, char **argv) {
+  dt_init(&argc, &argv);
+  rank = dt_rank;
+  size = dt_size;
+  if (size > MAXP) return dt_skip("the test's tables hold at most 16 ranks (MAXP)");
+  REQUIRE_OK(dtl_comm_from_mpi(MPI_COMM_WORLD, &comm));
+  RUN(the_mpi_transport_offers_all_to_allv_displs);
   if (comm->ops->all_to_allv_displs) {
     RUN(blocks_land_at_their_displacements_for_random_layouts);
     RUN(all_empty_exchange_moves_nothing);
     RUN(one_block_to_every_peer_but_self_leaves_the_own_place_alone);
     RUN(counts_or_displacements_beyond_int_max_are_unsupported);
   }
-  int rc = mpi_check_finish();
   dtl_comm_destroy(comm);
-  MPI_Finalize();
-  return rc;
+  return dt_finish();
 }

@@ -3,14 +3,22 @@
  * records a failure on this rank (printing the first few with rank, case, file and line); RUN runs a case
  * under the watchdog and has rank 0 report it once every rank is done; dt_finish() agrees across ranks on the
  * outcome, so every rank exits with the same code. The watchdog turns a hang (a rank left waiting in a
- * collective) into a failure with the case's name within DTL_TEST_WATCHDOG seconds (default 120), instead of
- * ctest's timeout: it writes one line and ends the process, and the launcher then ends the others.
+ * collective) into a failure naming the case, or the set-up or tear-down around it, within DTL_TEST_WATCHDOG
+ * seconds (default 120) per case, instead of ctest's timeout: it writes one line and ends the process, and
+ * the launcher then ends the others. It is armed from dt_init() to dt_finish(), so no part of a test runs
+ * without it.
  *
  *   int main(int argc, char **argv) {
  *     dt_init(&argc, &argv);
+ *     REQUIRE_OK(dtl_comm_from_mpi(MPI_COMM_WORLD, &world));        (set-up that must work, or abort)
  *     RUN(all_gather_places_blocks_in_rank_order);
+ *     RUN_NAMED(name, reduce_matches_the_oracle(DTL_FLOAT16));     (a case with arguments, named by the caller)
+ *     dtl_comm_destroy(world);
  *     return dt_finish();
  *   }
+ *
+ * Every rank must run the same cases in the same order (RUN ends with a collective over MPI_COMM_WORLD); a
+ * case that does not apply at some world size returns at once on every rank.
  */
 #ifndef DTL_TESTS_DTL_TEST_H
 #define DTL_TESTS_DTL_TEST_H
@@ -26,7 +34,7 @@
 
 static int dt_rank, dt_size;
 static long dt_failures;
-static const char *dt_case = "";
+static char dt_case[160] = "set-up";
 static unsigned dt_watchdog_s = 120;
 static char dt_watchdog_line[256];
 
@@ -47,6 +55,18 @@ static char dt_watchdog_line[256];
   do {                                                                                    \
     dtl_status s_ = (expr);                                                               \
     CHECK(s_ == DTL_OK, "%s -> %s: %s", #expr, dtl_status_name(s_), dtl_last_error()); \
+  } while (0)
+
+/* A set-up call that must return DTL_OK for the test to mean anything: otherwise every rank stops (exit 2)
+ * with the call and its message. */
+#define REQUIRE_OK(expr)                                                                                  \
+  do {                                                                                                    \
+    dtl_status s_ = (expr);                                                                               \
+    if (s_ != DTL_OK) {                                                                                   \
+      fprintf(stderr, "[rank %d] %s: %s:%d: %s -> %s: %s\n", dt_rank, dt_case, __FILE__, __LINE__, #expr, \
+              dtl_status_name(s_), dtl_last_error());                                                     \
+      MPI_Abort(MPI_COMM_WORLD, 2);                                                                       \
+    }                                                                                                     \
   } while (0)
 
 /* A dtl call returned want. */
@@ -85,6 +105,14 @@ static inline void dt_watchdog_arm(const char *what, unsigned seconds) {
 }
 static inline void dt_watchdog_disarm(void) { alarm(0); }
 
+/* What runs between cases and after the last one (tear-down, dt_finish) stays under the watchdog too. */
+static inline void dt_watchdog_after_case(void) {
+  char what[sizeof dt_case];
+  snprintf(what, sizeof what, "after %.150s", dt_case);
+  memcpy(dt_case, what, sizeof dt_case);
+  dt_watchdog_arm(dt_case, 0);
+}
+
 static inline void dt_init(int *argc, char ***argv) {
   MPI_Init(argc, argv);
   MPI_Comm_rank(MPI_COMM_WORLD, &dt_rank);
@@ -92,20 +120,23 @@ static inline void dt_init(int *argc, char ***argv) {
   const char *w = getenv("DTL_TEST_WATCHDOG");
   if (w && atoi(w) > 0) dt_watchdog_s = (unsigned)atoi(w);
   signal(SIGALRM, dt_watchdog_fire);
+  dt_watchdog_arm("set-up (before the first case)", 0);
 }
 
-/* Runs one case under the watchdog; rank 0 names it and how many ranks failed it. */
-#define RUN(case_fn)                                                                          \
+/* Runs one case under the watchdog; rank 0 names it and how many ranks failed it. RUN_NAMED runs any
+ * statement (a case called with arguments) as the case called name (copied: a buffer of the caller is fine). */
+#define RUN_NAMED(name, call)                                                                 \
   do {                                                                                        \
     long before_ = dt_failures, mine_, bad_ranks_ = 0;                                        \
-    dt_case = #case_fn;                                                                       \
+    snprintf(dt_case, sizeof dt_case, "%s", (name));                                          \
     dt_watchdog_arm(dt_case, 0);                                                              \
-    case_fn();                                                                                \
+    call;                                                                                     \
     mine_ = dt_failures > before_;                                                            \
     MPI_Allreduce(&mine_, &bad_ranks_, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);                 \
-    dt_watchdog_disarm();                                                                     \
-    if (dt_rank == 0) printf("%-72s %s\n", #case_fn, bad_ranks_ ? "FAILED" : "ok");           \
+    if (dt_rank == 0) printf("%-72s %s\n", dt_case, bad_ranks_ ? "FAILED" : "ok");            \
+    dt_watchdog_after_case();                                                                 \
   } while (0)
+#define RUN(case_fn) RUN_NAMED(#case_fn, case_fn())
 
 /* The exit code every rank agrees on (0 when no rank failed a check); finalizes MPI. */
 static inline int dt_finish(void) {
@@ -113,6 +144,7 @@ static inline int dt_finish(void) {
   MPI_Allreduce(&dt_failures, &total, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
   if (dt_rank == 0) printf("%s: %ld failed check(s) over %d rank(s)\n", total ? "FAIL" : "PASS", total, dt_size);
   MPI_Finalize();
+  dt_watchdog_disarm();
   return total ? 1 : 0;
 }
 
@@ -120,6 +152,7 @@ static inline int dt_finish(void) {
 static inline int dt_skip(const char *reason) {
   if (dt_rank == 0) printf("SKIP: %s\n", reason);
   MPI_Finalize();
+  dt_watchdog_disarm();
   return 77;
 }
 

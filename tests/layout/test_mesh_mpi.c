@@ -7,19 +7,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include "layout/layout_internal.h"
-#include "dtl/mpi.h"
+#include "dtl_test.h"
 
-static int world_rank, world_size, failures;
-
-#define CHECK(cond, ...)                                                            \
-  do {                                                                              \
-    if (!(cond)) {                                                                  \
-      failures++;                                                                   \
-      fprintf(stderr, "[rank %d] %s:%d: ", world_rank, __FILE__, __LINE__);         \
-      fprintf(stderr, __VA_ARGS__);                                                 \
-      fputc('\n', stderr);                                                          \
-    }                                                                               \
-  } while (0)
+static int world_rank, world_size;
+static dtl_comm *world;
 
 static const char *shape_text(int ndim, const int *shape) {
   static char txt[64];
@@ -47,7 +38,7 @@ static int counted_rank(int ndim, const int *shape, const int *c) {
   return -1;
 }
 
-static void check_mesh(dtl_comm *world, int ndim, const int *shape) {
+static void check_mesh(int ndim, const int *shape) {
   const char *txt = shape_text(ndim, shape);
   dtl_mesh *m = NULL;
   dtl_status st = dtl_mesh_create(world, ndim, shape, &m);
@@ -108,24 +99,24 @@ static void check_mesh(dtl_comm *world, int ndim, const int *shape) {
 }
 
 /* Every ordered factorisation of world_size into ndim factors (>= 1 each). */
-static int check_factorisations(dtl_comm *world, int ndim, int d, int rest, int *shape) {
+static int check_factorisations(int ndim, int d, int rest, int *shape) {
   if (d == ndim - 1) {
     shape[d] = rest;
-    check_mesh(world, ndim, shape);
+    check_mesh(ndim, shape);
     return 1;
   }
   int n = 0;
   for (int f = 1; f <= rest; f++)
     if (rest % f == 0) {
       shape[d] = f;
-      n += check_factorisations(world, ndim, d + 1, rest / f, shape);
+      n += check_factorisations(ndim, d + 1, rest / f, shape);
     }
   return n;
 }
 
-static void expect_reject(dtl_comm *world, int ndim, const int *shape, const char *need1, const char *need2) {
+static void expect_reject(dtl_comm *c, int ndim, const int *shape, const char *need1, const char *need2) {
   dtl_mesh *m = (dtl_mesh *)0x5a5a;
-  dtl_status st = dtl_mesh_create(world, ndim, shape, &m);
+  dtl_status st = dtl_mesh_create(c, ndim, shape, &m);
   CHECK(st == DTL_ERR_INVALID_ARGUMENT, "ndim=%d: %s, expected DTL_ERR_INVALID_ARGUMENT", ndim, dtl_status_name(st));
   CHECK(m == (dtl_mesh *)0x5a5a, "ndim=%d: out was written on failure", ndim);
   const char *msg = dtl_last_error();
@@ -133,7 +124,7 @@ static void expect_reject(dtl_comm *world, int ndim, const int *shape, const cha
         "message \"%s\" lacks \"%s\" / \"%s\"", msg, need1, need2 ? need2 : "");
 }
 
-static void check_bad_input(dtl_comm *world) {
+static void bad_shapes_fail_on_every_rank_naming_the_shape_and_sizes(void) {
   char a[96], b[96];
   int one_more[1] = {world_size + 1};
   snprintf(a, sizeof a, "shape=%d has %d ranks", world_size + 1, world_size + 1);
@@ -161,27 +152,21 @@ static void check_bad_input(dtl_comm *world) {
         "out=NULL accepted");
 }
 
-int main(int argc, char **argv) {
-  MPI_Init(&argc, &argv);
-  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
-  if (world_size > 64) {
-    if (world_rank == 0) printf("skipped: the test's buffers hold at most 64 ranks\n");
-    MPI_Finalize();
-    return 77;
-  }
-  dtl_comm *world;
-  if (dtl_comm_from_mpi(MPI_COMM_WORLD, &world) != DTL_OK) {
-    fprintf(stderr, "[rank %d] dtl_comm_from_mpi: %s\n", world_rank, dtl_last_error());
-    MPI_Abort(MPI_COMM_WORLD, 1);
-  }
-  check_bad_input(world); /* first: none of these may reach a collective, so the meshes below still line up */
+/* For every ordered factorisation of the world size into 1-4 dims. */
+static void every_factorisation_gives_row_major_coordinates_and_dim_communicators(void) {
   int meshes = 0, shape[DTL_MAX_MESH_DIMS];
-  for (int ndim = 1; ndim <= DTL_MAX_MESH_DIMS; ndim++) meshes += check_factorisations(world, ndim, 0, world_size, shape);
+  for (int ndim = 1; ndim <= DTL_MAX_MESH_DIMS; ndim++) meshes += check_factorisations(ndim, 0, world_size, shape);
+  if (world_rank == 0) printf("%d meshes over %d ranks\n", meshes, world_size);
+}
+
+int main(int argc, char **argv) {
+  dt_init(&argc, &argv);
+  world_rank = dt_rank;
+  world_size = dt_size;
+  if (world_size > 64) return dt_skip("the test's buffers hold at most 64 ranks");
+  REQUIRE_OK(dtl_comm_from_mpi(MPI_COMM_WORLD, &world));
+  RUN(bad_shapes_fail_on_every_rank_naming_the_shape_and_sizes); /* first: none may reach a collective */
+  RUN(every_factorisation_gives_row_major_coordinates_and_dim_communicators);
   dtl_comm_destroy(world);
-  int total = 0;
-  MPI_Allreduce(&failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-  if (world_rank == 0) printf("%d meshes over %d ranks, %d failed checks\n", meshes, world_size, total);
-  MPI_Finalize();
-  return total ? 1 : 0;
+  return dt_finish();
 }

@@ -8,8 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "common/half.h"
-#include "dtl/mpi.h"
-#include "moe_check.h"
+#include "dtl_test.h"
 #include "moe_oracle.h"
 
 static dtl_comm *g_comm;
@@ -99,7 +98,7 @@ typedef struct {
 
 static rank_data make_rank(const scenario *sc, uint64_t seed, int r) {
   rank_data d;
-  d.tokens = sc->tokens(r, g_size);
+  d.tokens = sc->tokens(r, dt_size);
   size_t pairs = (size_t)(d.tokens * sc->k) + 1, cells = (size_t)(d.tokens * sc->hidden) + 1;
   d.ids = malloc(sizeof(int32_t) * pairs);
   d.w = malloc(sizeof(float) * pairs);
@@ -134,9 +133,8 @@ static dtl_moe_layout_params params_of(const scenario *sc) {
 
 /* Runs the scaling-expert MoE of a scenario and checks, exactly: the rows each local expert receives (order
  * and padding), the counts, and the combined output; then dispatches fresh tokens through the same layout. */
-static void run_exact(const char *name, const scenario *sc, uint64_t seed) {
-  g_case = name;
-  const int E = sc->experts, k = sc->k, P = g_size, me = g_rank;
+static void run_exact(const scenario *sc, uint64_t seed) {
+  const int E = sc->experts, k = sc->k, P = dt_size, me = dt_rank;
   const int64_t H = sc->hidden;
   int *owner = NULL;
   if (sc->owner_kind) {
@@ -262,10 +260,9 @@ out:
 }
 
 /* The router and the SiLU-gated MLP expert against the dense MoE in double precision. */
-static void run_mlp(const char *name, int experts, int k, double capacity, uint64_t seed) {
-  g_case = name;
-  const int64_t H = 16, F = 24, T = 5 + 4 * g_rank;
-  const int P = g_size;
+static void run_mlp(int experts, int k, double capacity, uint64_t seed) {
+  const int64_t H = 16, F = 24, T = 5 + 4 * dt_rank;
+  const int P = dt_size;
   oracle_rng r = oracle_seed(seed, 999);
   size_t wsz = (size_t)experts * (size_t)(F * H);
   float *wg = malloc(sizeof(float) * wsz), *wu = malloc(sizeof(float) * wsz), *wd = malloc(sizeof(float) * wsz);
@@ -274,7 +271,7 @@ static void run_mlp(const char *name, int experts, int k, double capacity, uint6
     wu[i] = (float)(oracle_uniform(&r) - 0.5);
     wd[i] = (float)(oracle_uniform(&r) - 0.5);
   }
-  oracle_rng rr = oracle_seed(seed, (uint64_t)g_rank);
+  oracle_rng rr = oracle_seed(seed, (uint64_t)dt_rank);
   float *x = malloc(sizeof(float) * (size_t)(T * H)), *logits = malloc(sizeof(float) * (size_t)(T * experts));
   for (int64_t i = 0; i < T * H; i++) x[i] = (float)(2 * oracle_uniform(&rr) - 1);
   for (int64_t i = 0; i < T * experts; i++) logits[i] = (float)(4 * oracle_uniform(&rr) - 2);
@@ -292,11 +289,11 @@ static void run_mlp(const char *name, int experts, int k, double capacity, uint6
   }
   dtl_moe_layout *L = NULL;
   CHECK_OK(dtl_moe_layout_create(g_comm, pl, T, k, ids, w, H, DTL_FLOAT32, &prm, &L));
-  int nl = dtl_moe_placement_local_count(pl, g_rank);
+  int nl = dtl_moe_placement_local_count(pl, dt_rank);
   const float **lg = malloc(sizeof(float *) * (size_t)(nl + 1)), **lu = malloc(sizeof(float *) * (size_t)(nl + 1)),
               **ld = malloc(sizeof(float *) * (size_t)(nl + 1));
   for (int j = 0; j < nl; j++) {
-    size_t e = (size_t)dtl_moe_placement_local_expert(pl, g_rank, j);
+    size_t e = (size_t)dtl_moe_placement_local_expert(pl, dt_rank, j);
     lg[j] = wg + e * (size_t)(F * H);
     lu[j] = wu + e * (size_t)(F * H);
     ld[j] = wd + e * (size_t)(F * H);
@@ -328,19 +325,14 @@ static void run_mlp(const char *name, int experts, int k, double capacity, uint6
 }
 
 int main(int argc, char **argv) {
-  MPI_Init(&argc, &argv);
-  MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &g_size);
-  if (dtl_comm_from_mpi(MPI_COMM_WORLD, &g_comm) != DTL_OK) {
-    fprintf(stderr, "dtl_comm_from_mpi: %s\n", dtl_last_error());
-    MPI_Abort(MPI_COMM_WORLD, 1);
-  }
+  dt_init(&argc, &argv);
+  REQUIRE_OK(dtl_comm_from_mpi(MPI_COMM_WORLD, &g_comm));
 
-  run_mlp("mlp_experts_match_dense_moe_k1", 8, 1, 0, 1);
-  run_mlp("mlp_experts_match_dense_moe_k2", 8, 2, 0, 2);
-  run_mlp("mlp_experts_match_dense_moe_k4", 8, 4, 0, 3);
-  run_mlp("mlp_experts_match_dense_moe_with_capacity_drops", 6, 2, 0.75, 4);
-  run_mlp("mlp_experts_match_dense_moe_uneven_experts_per_rank", 5, 2, 0, 5);
+  RUN_NAMED("mlp_experts_match_dense_moe_k1", run_mlp(8, 1, 0, 1));
+  RUN_NAMED("mlp_experts_match_dense_moe_k2", run_mlp(8, 2, 0, 2));
+  RUN_NAMED("mlp_experts_match_dense_moe_k4", run_mlp(8, 4, 0, 3));
+  RUN_NAMED("mlp_experts_match_dense_moe_with_capacity_drops", run_mlp(6, 2, 0.75, 4));
+  RUN_NAMED("mlp_experts_match_dense_moe_uneven_experts_per_rank", run_mlp(5, 2, 0, 5));
 
   const dtl_moe_exchange modes[] = {DTL_MOE_EXCHANGE_AUTO, DTL_MOE_EXCHANGE_PER_EXPERT, DTL_MOE_EXCHANGE_SINGLE};
   for (int m = 0; m < 3; m++)
@@ -349,14 +341,14 @@ int main(int argc, char **argv) {
       scenario sc = {.experts = 8, .k = k, .hidden = 12, .tokens = tokens_varied, .route = route_random,
                      .exchange = modes[m], .dtype = DTL_FLOAT32, .verify = 1};
       snprintf(name, sizeof name, "integer_tokens_scaling_expert_exact_k%d_exchange%d", k, m);
-      run_exact(name, &sc, 10 + (uint64_t)k);
+      RUN_NAMED(name, run_exact(&sc, 10 + (uint64_t)k));
       sc.pad = 4;
       snprintf(name, sizeof name, "padded_blocks_keep_rows_and_zero_padding_k%d_exchange%d", k, m);
-      run_exact(name, &sc, 20 + (uint64_t)k);
+      RUN_NAMED(name, run_exact(&sc, 20 + (uint64_t)k));
       sc.pad = 1;
       sc.experts = 7; /* uneven blocks: 2,2,2,1 at 4 ranks, 3,3,1 at 3 */
       snprintf(name, sizeof name, "uneven_expert_blocks_exact_k%d_exchange%d", k, m);
-      run_exact(name, &sc, 30 + (uint64_t)k);
+      RUN_NAMED(name, run_exact(&sc, 30 + (uint64_t)k));
     }
 
   scenario base = {.experts = 8, .k = 2, .hidden = 10, .tokens = tokens_varied, .route = route_random,
@@ -364,29 +356,29 @@ int main(int argc, char **argv) {
   scenario sc = base;
   sc.route = route_one_expert;
   sc.k = 1;
-  run_exact("all_tokens_to_one_expert_k1", &sc, 40);
+  RUN_NAMED("all_tokens_to_one_expert_k1", run_exact(&sc, 40));
   sc.k = 2;
   sc.exchange = DTL_MOE_EXCHANGE_SINGLE;
-  run_exact("all_tokens_to_two_neighbouring_experts_single_exchange", &sc, 41);
+  RUN_NAMED("all_tokens_to_two_neighbouring_experts_single_exchange", run_exact(&sc, 41));
 
   sc = base;
   sc.tokens = tokens_odd_ranks_empty;
-  run_exact("ranks_with_no_tokens_send_nothing", &sc, 42);
+  RUN_NAMED("ranks_with_no_tokens_send_nothing", run_exact(&sc, 42));
   sc.owner_kind = 2;
-  run_exact("ranks_owning_no_expert_receive_nothing", &sc, 43);
+  RUN_NAMED("ranks_owning_no_expert_receive_nothing", run_exact(&sc, 43));
   sc.experts = 2; /* chunk rule over more ranks than experts */
   sc.owner_kind = 0;
-  run_exact("more_ranks_than_experts_leave_ranks_without_experts", &sc, 44);
+  RUN_NAMED("more_ranks_than_experts_leave_ranks_without_experts", run_exact(&sc, 44));
   sc = base;
   sc.owner_kind = 1;
   sc.exchange = DTL_MOE_EXCHANGE_PER_EXPERT;
-  run_exact("explicit_expert_table_places_experts_round_robin", &sc, 45);
+  RUN_NAMED("explicit_expert_table_places_experts_round_robin", run_exact(&sc, 45));
   sc = base;
   sc.tokens = tokens_none;
-  run_exact("zero_tokens_everywhere", &sc, 46);
+  RUN_NAMED("zero_tokens_everywhere", run_exact(&sc, 46));
   sc = base;
   sc.route = route_masked;
-  run_exact("masked_slots_are_skipped", &sc, 47);
+  RUN_NAMED("masked_slots_are_skipped", run_exact(&sc, 47));
 
   const double factors[] = {0.25, 0.5, 1.0, 1.25};
   for (int f = 0; f < 4; f++)
@@ -400,12 +392,12 @@ int main(int argc, char **argv) {
         sc.pad = pol ? 3 : 1;
         snprintf(name, sizeof name, "capacity_%g_%s_drops_match_reference_exchange%d", factors[f],
                  pol ? "probability" : "position", m);
-        run_exact(name, &sc, 50 + (uint64_t)f);
+        RUN_NAMED(name, run_exact(&sc, 50 + (uint64_t)f));
       }
   sc = base;
   sc.route = route_one_expert;
   sc.capacity = 1.0;
-  run_exact("capacity_caps_a_hot_expert", &sc, 60);
+  RUN_NAMED("capacity_caps_a_hot_expert", run_exact(&sc, 60));
 
   const dtl_dtype types[] = {DTL_FLOAT64, DTL_FLOAT16, DTL_BFLOAT16, DTL_INT32};
   for (int i = 0; i < 4; i++) {
@@ -414,14 +406,12 @@ int main(int argc, char **argv) {
     sc.dtype = types[i];
     sc.exchange = modes[i % 3];
     snprintf(name, sizeof name, "dtype_%s_rows_move_exactly", dtl_dtype_name(types[i]));
-    run_exact(name, &sc, 70 + (uint64_t)i);
+    RUN_NAMED(name, run_exact(&sc, 70 + (uint64_t)i));
   }
   sc = base;
   sc.verify = 0;
-  run_exact("unverified_layout_gives_the_same_result", &sc, 80);
+  RUN_NAMED("unverified_layout_gives_the_same_result", run_exact(&sc, 80));
 
-  int rc = check_finish();
   dtl_comm_destroy(g_comm);
-  MPI_Finalize();
-  return rc;
+  return dt_finish();
 }

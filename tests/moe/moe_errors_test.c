@@ -6,8 +6,7 @@
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
-#include "dtl/mpi.h"
-#include "moe_check.h"
+#include "dtl_test.h"
 #include "moe_oracle.h"
 
 enum { E = 8, K = 2, H = 4, T = 6 };
@@ -28,7 +27,7 @@ static dtl_status create_with(int bad_rank, void (*edit)(int32_t *ids, float *w,
   dtl_moe_layout_params prm = {0};
   memcpy(ids, g_ids, sizeof ids);
   memcpy(w, g_w, sizeof w);
-  if (g_rank == bad_rank) edit(ids, w, &k, &prm);
+  if (dt_rank == bad_rank) edit(ids, w, &k, &prm);
   *out = SENTINEL;
   return dtl_moe_layout_create(g_comm, g_pl, T, k, ids, w, H, DTL_FLOAT32, &prm, out);
 }
@@ -68,20 +67,17 @@ static void other_verify(int32_t *ids, float *w, int *k, dtl_moe_layout_params *
 }
 
 /* Rejected on one rank (the last one), every rank fails with the same status and nothing is written. */
-static void expect_all_fail(const char *name, void (*edit)(int32_t *, float *, int *, dtl_moe_layout_params *),
-                            dtl_status want) {
-  g_case = name;
+static void expect_all_fail(void (*edit)(int32_t *, float *, int *, dtl_moe_layout_params *), dtl_status want) {
   dtl_moe_layout *L = NULL;
-  CHECK_STATUS(create_with(g_size - 1, edit, &L), want);
+  CHECK_STATUS(create_with(dt_size - 1, edit, &L), want);
   CHECK(L == SENTINEL, "the output handle was written on failure");
-  if (g_rank == g_size - 1 && want == DTL_ERR_INVALID_ARGUMENT)
+  if (dt_rank == dt_size - 1 && want == DTL_ERR_INVALID_ARGUMENT)
     CHECK(strstr(dtl_last_error(), "dtl_moe_layout_create") != NULL, "message %s", dtl_last_error());
   if (L != SENTINEL) dtl_moe_layout_destroy(L);
 }
 
 /* A valid layout still works after the failures above: the communicator is not left in a broken state. */
-static void expect_round_trip(const char *name) {
-  g_case = name;
+static void expect_round_trip(void) {
   dtl_moe_layout *L = NULL;
   CHECK_OK(create_with(-1, NULL, &L));
   if (L == SENTINEL || !L) return;
@@ -99,59 +95,56 @@ static void expect_round_trip(const char *name) {
   dtl_moe_layout_destroy(L);
 }
 
-static void placement_rejects_a_missing_rank(void) {
-  g_case = "placement_table_naming_a_missing_rank_is_rejected";
+static void placement_table_naming_a_missing_rank_is_rejected(void) {
   int owner[E];
-  for (int e = 0; e < E; e++) owner[e] = e % g_size;
+  for (int e = 0; e < E; e++) owner[e] = e % dt_size;
   dtl_moe_placement *p = (dtl_moe_placement *)(uintptr_t)0x1;
-  owner[E - 1] = g_size;
-  CHECK_STATUS(dtl_moe_placement_create(E, g_size, owner, &p), DTL_ERR_INVALID_ARGUMENT);
+  owner[E - 1] = dt_size;
+  CHECK_STATUS(dtl_moe_placement_create(E, dt_size, owner, &p), DTL_ERR_INVALID_ARGUMENT);
   CHECK(strstr(dtl_last_error(), "owner[7]") != NULL, "message %s", dtl_last_error());
   owner[E - 1] = -1;
-  CHECK_STATUS(dtl_moe_placement_create(E, g_size, owner, &p), DTL_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(dtl_moe_placement_create(E, dt_size, owner, &p), DTL_ERR_INVALID_ARGUMENT);
   CHECK(p == (dtl_moe_placement *)(uintptr_t)0x1, "the output handle was written on failure");
 }
 
 /* A placement of another size than the communicator fails on every rank. */
-static void placement_of_another_size_is_rejected(void) {
-  g_case = "placement_over_another_group_size_is_rejected_everywhere";
+static void placement_over_another_group_size_is_rejected_everywhere(void) {
   dtl_moe_placement *p = NULL;
-  CHECK_OK(dtl_moe_placement_create(E, g_size + 1, NULL, &p));
+  CHECK_OK(dtl_moe_placement_create(E, dt_size + 1, NULL, &p));
   dtl_moe_layout *L = SENTINEL;
   CHECK_STATUS(dtl_moe_layout_create(g_comm, p, T, K, g_ids, g_w, H, DTL_FLOAT32, NULL, &L), DTL_ERR_INVALID_ARGUMENT);
   dtl_moe_placement_destroy(p);
 }
 
 /* Ranks whose expert->rank tables differ would send counts their peers do not expect: DTL_ERR_MISMATCH. */
-static void disagreeing_tables_mismatch(void) {
-  g_case = "ranks_with_different_expert_tables_get_mismatch";
+static void ranks_with_different_expert_tables_get_mismatch(void) {
   int owner[E];
-  for (int e = 0; e < E; e++) owner[e] = g_rank == 0 ? (g_size - 1 - e % g_size) : e % g_size;
+  for (int e = 0; e < E; e++) owner[e] = dt_rank == 0 ? (dt_size - 1 - e % dt_size) : e % dt_size;
   dtl_moe_placement *p = NULL;
-  CHECK_OK(dtl_moe_placement_create(E, g_size, owner, &p));
+  CHECK_OK(dtl_moe_placement_create(E, dt_size, owner, &p));
   dtl_moe_layout *L = SENTINEL;
   CHECK_STATUS(dtl_moe_layout_create(g_comm, p, T, K, g_ids, g_w, H, DTL_FLOAT32, NULL, &L), DTL_ERR_MISMATCH);
   CHECK(strstr(dtl_last_error(), "placement") != NULL, "message %s", dtl_last_error());
   dtl_moe_placement_destroy(p);
+}
 
-  g_case = "ranks_with_different_hidden_get_mismatch";
-  L = SENTINEL;
-  CHECK_STATUS(dtl_moe_layout_create(g_comm, g_pl, T, K, g_ids, g_w, g_rank == 0 ? H + 1 : H, DTL_FLOAT32, NULL, &L),
+static void ranks_with_different_hidden_get_mismatch(void) {
+  dtl_moe_layout *L = SENTINEL;
+  CHECK_STATUS(dtl_moe_layout_create(g_comm, g_pl, T, K, g_ids, g_w, dt_rank == 0 ? H + 1 : H, DTL_FLOAT32, NULL, &L),
                DTL_ERR_MISMATCH);
   CHECK(strstr(dtl_last_error(), "hidden") != NULL, "message %s", dtl_last_error());
 }
 
 /* One rank dispatches with the layout of an earlier routing (its counts differ from what its peers now
  * expect): every rank gets DTL_ERR_MISMATCH before any row moves, in dispatch and in combine. */
-static void stale_layout_mismatch(void) {
-  g_case = "stale_layout_on_one_rank_gets_mismatch";
+static void stale_layout_on_one_rank_gets_mismatch(void) {
   dtl_moe_layout *old = NULL, *cur = NULL;
   CHECK_OK(create_with(-1, NULL, &old));
   int32_t ids[T * K];
   for (int i = 0; i < T * K; i++) ids[i] = (int32_t)((i * 3 + 1) % E); /* another routing */
   CHECK_OK(dtl_moe_layout_create(g_comm, g_pl, T, K, ids, g_w, H, DTL_FLOAT32, NULL, &cur));
   if (!old || !cur || old == SENTINEL) return;
-  dtl_moe_layout *mine = g_rank == 0 ? old : cur;
+  dtl_moe_layout *mine = dt_rank == 0 ? old : cur;
   int64_t rows = dtl_moe_layout_expert_rows(mine);
   float *ein = malloc(sizeof(float) * (size_t)(rows * H) + 4), y[T * H];
   float *before = malloc(sizeof(float) * (size_t)(rows * H) + 4);
@@ -168,14 +161,13 @@ static void stale_layout_mismatch(void) {
 }
 
 /* A NULL buffer on one rank fails dispatch and combine on every rank (the check travels with verify). */
-static void null_buffer_on_one_rank(void) {
-  g_case = "null_buffer_on_one_rank_fails_every_rank";
+static void null_buffer_on_one_rank_fails_every_rank(void) {
   dtl_moe_layout *L = NULL;
   CHECK_OK(create_with(-1, NULL, &L));
   if (!L || L == SENTINEL) return;
   int64_t rows = dtl_moe_layout_expert_rows(L);
   float *ein = malloc(sizeof(float) * (size_t)(rows * H) + 4), y[T * H];
-  bool bad = g_rank == g_size - 1;
+  bool bad = dt_rank == dt_size - 1;
   dtl_status want = DTL_ERR_INVALID_ARGUMENT;
   CHECK_STATUS(dtl_moe_layout_dispatch(L, bad ? NULL : g_x, ein), want);
   CHECK_STATUS(dtl_moe_layout_combine(L, ein, bad ? NULL : y), want);
@@ -184,8 +176,7 @@ static void null_buffer_on_one_rank(void) {
   dtl_moe_layout_destroy(L);
 }
 
-static void integer_combine_unsupported(void) {
-  g_case = "combine_of_an_integer_layout_is_unsupported";
+static void combine_of_an_integer_layout_is_unsupported(void) {
   dtl_moe_layout *L = NULL;
   CHECK_OK(dtl_moe_layout_create(g_comm, g_pl, T, K, g_ids, g_w, H, DTL_INT32, NULL, &L));
   if (!L) return;
@@ -196,8 +187,7 @@ static void integer_combine_unsupported(void) {
   dtl_moe_layout_destroy(L);
 }
 
-static void null_arguments(void) {
-  g_case = "null_handles_are_rejected";
+static void null_handles_are_rejected(void) {
   dtl_moe_layout *L = SENTINEL;
   CHECK_STATUS(dtl_moe_layout_create(NULL, g_pl, T, K, g_ids, g_w, H, DTL_FLOAT32, NULL, &L), DTL_ERR_INVALID_ARGUMENT);
   CHECK_STATUS(dtl_moe_layout_create(g_comm, g_pl, T, K, g_ids, g_w, H, DTL_FLOAT32, NULL, NULL),
@@ -213,8 +203,7 @@ static void null_arguments(void) {
 
 /* The MLP expert refuses what it cannot compute. */
 static dtl_status run_mlp_on(const dtl_moe_expert_batch *b, dtl_moe_mlp *m) { return dtl_moe_mlp_forward(b, m); }
-static void mlp_rejects_bad_shapes(void) {
-  g_case = "mlp_expert_rejects_mismatched_hidden_and_unsupported_memory";
+static void mlp_expert_rejects_mismatched_hidden_and_unsupported_memory(void) {
   float w[H * H] = {0}, in[H] = {1, 2, 3, 4}, out[H];
   const float *wl[1] = {w};
   dtl_moe_mlp m = {.hidden = H + 1, .ffn = H, .local_experts = 1, .w_gate = wl, .w_up = wl, .w_down = wl};
@@ -233,46 +222,41 @@ static void mlp_rejects_bad_shapes(void) {
 }
 
 int main(int argc, char **argv) {
-  MPI_Init(&argc, &argv);
-  MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &g_size);
-  if (dtl_comm_from_mpi(MPI_COMM_WORLD, &g_comm) != DTL_OK || dtl_moe_placement_create(E, g_size, NULL, &g_pl) != DTL_OK) {
-    fprintf(stderr, "set-up: %s\n", dtl_last_error());
-    MPI_Abort(MPI_COMM_WORLD, 1);
-  }
-  oracle_routing(7, g_rank, T, K, E, g_ids, g_w);
-  oracle_tokens(7, g_rank, T, H, g_x);
+  dt_init(&argc, &argv);
+  REQUIRE_OK(dtl_comm_from_mpi(MPI_COMM_WORLD, &g_comm));
+  REQUIRE_OK(dtl_moe_placement_create(E, dt_size, NULL, &g_pl));
+  oracle_routing(7, dt_rank, T, K, E, g_ids, g_w);
+  oracle_tokens(7, dt_rank, T, H, g_x);
 
-  expect_round_trip("valid_layout_round_trips_before_the_failures");
-  expect_all_fail("expert_id_out_of_range_fails_every_rank", id_too_large, DTL_ERR_INVALID_ARGUMENT);
-  expect_all_fail("expert_id_below_minus_one_fails_every_rank", id_below_masked, DTL_ERR_INVALID_ARGUMENT);
-  expect_all_fail("negative_weight_fails_every_rank", negative_weight, DTL_ERR_INVALID_ARGUMENT);
-  expect_all_fail("nan_weight_fails_every_rank", nan_weight, DTL_ERR_INVALID_ARGUMENT);
-  expect_all_fail("infinite_weight_fails_every_rank", inf_weight, DTL_ERR_INVALID_ARGUMENT);
-  expect_all_fail("k_above_experts_fails_every_rank", k_above_experts, DTL_ERR_INVALID_ARGUMENT);
-  expect_all_fail("capacity_factor_zero_is_rejected", capacity_zero, DTL_ERR_INVALID_ARGUMENT);
-  expect_all_fail("capacity_factor_negative_is_rejected", capacity_negative, DTL_ERR_INVALID_ARGUMENT);
-  expect_all_fail("capacity_factor_nan_is_rejected", capacity_nan, DTL_ERR_INVALID_ARGUMENT);
-  expect_all_fail("pad_multiple_zero_is_rejected", pad_zero, DTL_ERR_INVALID_ARGUMENT);
-  expect_all_fail("unknown_params_mask_bit_is_rejected", unknown_mask_bit, DTL_ERR_INVALID_ARGUMENT);
-  if (g_size > 1) {
-    expect_all_fail("ranks_with_different_k_get_mismatch", other_k, DTL_ERR_MISMATCH);
-    expect_all_fail("ranks_with_different_capacity_get_mismatch", other_capacity, DTL_ERR_MISMATCH);
-    expect_all_fail("ranks_with_different_verify_get_mismatch", other_verify, DTL_ERR_MISMATCH);
-    disagreeing_tables_mismatch();
-    stale_layout_mismatch();
+  RUN_NAMED("valid_layout_round_trips_before_the_failures", expect_round_trip());
+  RUN_NAMED("expert_id_out_of_range_fails_every_rank", expect_all_fail(id_too_large, DTL_ERR_INVALID_ARGUMENT));
+  RUN_NAMED("expert_id_below_minus_one_fails_every_rank", expect_all_fail(id_below_masked, DTL_ERR_INVALID_ARGUMENT));
+  RUN_NAMED("negative_weight_fails_every_rank", expect_all_fail(negative_weight, DTL_ERR_INVALID_ARGUMENT));
+  RUN_NAMED("nan_weight_fails_every_rank", expect_all_fail(nan_weight, DTL_ERR_INVALID_ARGUMENT));
+  RUN_NAMED("infinite_weight_fails_every_rank", expect_all_fail(inf_weight, DTL_ERR_INVALID_ARGUMENT));
+  RUN_NAMED("k_above_experts_fails_every_rank", expect_all_fail(k_above_experts, DTL_ERR_INVALID_ARGUMENT));
+  RUN_NAMED("capacity_factor_zero_is_rejected", expect_all_fail(capacity_zero, DTL_ERR_INVALID_ARGUMENT));
+  RUN_NAMED("capacity_factor_negative_is_rejected", expect_all_fail(capacity_negative, DTL_ERR_INVALID_ARGUMENT));
+  RUN_NAMED("capacity_factor_nan_is_rejected", expect_all_fail(capacity_nan, DTL_ERR_INVALID_ARGUMENT));
+  RUN_NAMED("pad_multiple_zero_is_rejected", expect_all_fail(pad_zero, DTL_ERR_INVALID_ARGUMENT));
+  RUN_NAMED("unknown_params_mask_bit_is_rejected", expect_all_fail(unknown_mask_bit, DTL_ERR_INVALID_ARGUMENT));
+  if (dt_size > 1) {
+    RUN_NAMED("ranks_with_different_k_get_mismatch", expect_all_fail(other_k, DTL_ERR_MISMATCH));
+    RUN_NAMED("ranks_with_different_capacity_get_mismatch", expect_all_fail(other_capacity, DTL_ERR_MISMATCH));
+    RUN_NAMED("ranks_with_different_verify_get_mismatch", expect_all_fail(other_verify, DTL_ERR_MISMATCH));
+    RUN(ranks_with_different_expert_tables_get_mismatch);
+    RUN(ranks_with_different_hidden_get_mismatch);
+    RUN(stale_layout_on_one_rank_gets_mismatch);
   }
-  placement_rejects_a_missing_rank();
-  placement_of_another_size_is_rejected();
-  null_buffer_on_one_rank();
-  integer_combine_unsupported();
-  null_arguments();
-  mlp_rejects_bad_shapes();
-  expect_round_trip("valid_layout_round_trips_after_the_failures");
+  RUN(placement_table_naming_a_missing_rank_is_rejected);
+  RUN(placement_over_another_group_size_is_rejected_everywhere);
+  RUN(null_buffer_on_one_rank_fails_every_rank);
+  RUN(combine_of_an_integer_layout_is_unsupported);
+  RUN(null_handles_are_rejected);
+  RUN(mlp_expert_rejects_mismatched_hidden_and_unsupported_memory);
+  RUN_NAMED("valid_layout_round_trips_after_the_failures", expect_round_trip());
 
-  int rc = check_finish();
   dtl_moe_placement_destroy(g_pl);
   dtl_comm_destroy(g_comm);
-  MPI_Finalize();
-  return rc;
+  return dt_finish();
 }

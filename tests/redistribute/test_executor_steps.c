@@ -6,8 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include "redistribute/redistribute_internal.h"
+#include "dtl_test.h"
 #include "test_redistribute_util.h"
-
 
 static int world_rank, world_size;
 static int small_chunks; /* the test setting of dtl__executor_set_chunking is on */
@@ -43,7 +43,7 @@ static void run_route(const tu_mesh *m, const dtl_layout *src, const dtl_layout 
                       int chunked_a2a, route_stats *rs) {
   dtl_plan plan;
   if (tu_route_plan(src, dst, seed, &plan) != 0) {
-    TU_EXPECT(0, "no legal route");
+    CHECK(0, "no legal route");
     return;
   }
   size_t es = dtl_dtype_size(src->dtype), sb = layout_bytes(src), db = layout_bytes(dst);
@@ -57,11 +57,11 @@ static void run_route(const tu_mesh *m, const dtl_layout *src, const dtl_layout 
   size_t bytes = tu_allocs.bytes_total - a0.bytes_total;
   char what[512];
   describe(&plan, what, sizeof what);
-  TU_EXPECT(st == DTL_OK, "mesh %s %s: %s", tu_mesh_text(m), what, dtl_last_error());
-  TU_EXPECT(tu_checksum(in, sb) == before, "mesh %s %s: the source was written", tu_mesh_text(m), what);
-  TU_EXPECT(calls == (plan.scratch_bytes > 0) && bytes == plan.scratch_bytes,
-            "mesh %s %s: allocated %d buffers, %zu bytes; the plan says %zu", tu_mesh_text(m), what, calls, bytes,
-            plan.scratch_bytes);
+  CHECK(st == DTL_OK, "mesh %s %s: %s", tu_mesh_text(m), what, dtl_last_error());
+  CHECK(tu_checksum(in, sb) == before, "mesh %s %s: the source was written", tu_mesh_text(m), what);
+  CHECK(calls == (plan.scratch_bytes > 0) && bytes == plan.scratch_bytes,
+        "mesh %s %s: allocated %d buffers, %zu bytes; the plan says %zu", tu_mesh_text(m), what, calls, bytes,
+        plan.scratch_bytes);
   size_t ends = sb > db ? sb : db;
   /* One step: one buffer of at most the larger end. Several: at most an input-or-output region plus one
    * temporary of the largest shard on the route (the bound cannot hold when intermediates outgrow the
@@ -70,11 +70,11 @@ static void run_route(const tu_mesh *m, const dtl_layout *src, const dtl_layout 
    * exceed the larger end only on a rank whose shards hold less than about two chunks, which the default
    * setting (32 chunks an average shard) leaves to very uneven splits, and the test setting (2) to many. */
   if (plan.nsteps <= 1)
-    TU_EXPECT(plan.scratch_bytes <= (chunked_a2a ? 2 : 1) * ends, "mesh %s %s: scratch %zu > max(src %zu, dst %zu)", tu_mesh_text(m), what,
-              plan.scratch_bytes, sb, db);
+    CHECK(plan.scratch_bytes <= (chunked_a2a ? 2 : 1) * ends, "mesh %s %s: scratch %zu > max(src %zu, dst %zu)", tu_mesh_text(m), what,
+          plan.scratch_bytes, sb, db);
   else
-    TU_EXPECT(plan.scratch_bytes <= 3 * route_peak(&plan), "mesh %s %s: scratch %zu > 3x the largest shard %zu",
-              tu_mesh_text(m), what, plan.scratch_bytes, route_peak(&plan));
+    CHECK(plan.scratch_bytes <= 3 * route_peak(&plan), "mesh %s %s: scratch %zu > 3x the largest shard %zu",
+          tu_mesh_text(m), what, plan.scratch_bytes, route_peak(&plan));
   rs->pairs++;
   if (plan.nsteps > 1) rs->multi_step++;
   if (plan.scratch_bytes > ends) {
@@ -83,7 +83,7 @@ static void run_route(const tu_mesh *m, const dtl_layout *src, const dtl_layout 
     if (pct > rs->worst_over) rs->worst_over = pct;
   }
   long wrong = tu_check_state(m, dst, out, dense, what);
-  TU_EXPECT(wrong == 0, "mesh %s %s: %ld wrong elements", tu_mesh_text(m), what, wrong);
+  CHECK(wrong == 0, "mesh %s %s: %ld wrong elements", tu_mesh_text(m), what, wrong);
   (void)es;
   dtl__plan_release(&plan);
   free(in);
@@ -93,6 +93,7 @@ static void run_route(const tu_mesh *m, const dtl_layout *src, const dtl_layout 
 /* random_routes_match_the_dense_oracle: every ordered pair among a few random layouts per shape. big: shapes
  * with 20..45 rows, so that small chunks split every pack/unpack pass into many collectives. */
 static void random_routes_match_the_dense_oracle(const tu_mesh *m, int mi, int trials, int nlayouts, int big) {
+  if (!m->mesh) return; /* a rank outside the mesh */
   route_stats rs = {0};
   for (int t = 0; t < trials; t++) {
     tu_rng r = {tu_hash((uint64_t)mi + 100u * (uint64_t)big, (uint64_t)t)};
@@ -110,7 +111,7 @@ static void random_routes_match_the_dense_oracle(const tu_mesh *m, int mi, int t
       dtl_placement pl[DTL_MAX_MESH_DIMS];
       tu_random_placements(&r, m->ndim, nd, dt, pl);
       if (dtl_layout_create(m->mesh, dt, nd, shape, pl, &ls[i]) != DTL_OK) {
-        TU_EXPECT(0, "layout: %s", dtl_last_error());
+        CHECK(0, "layout: %s", dtl_last_error());
         ls[i] = NULL;
       }
     }
@@ -139,7 +140,7 @@ static dtl_layout *make(const tu_mesh *m, dtl_dtype t, int nd, const int64_t *sh
     else if (*c == 'P') p[n++] = dtl_partial(DTL_SUM);
     else if (*c == 'S') p[n++] = dtl_shard(c[1] - '0'), c++;
   }
-  if (n != m->ndim || dtl_layout_create(m->mesh, t, nd, shape, p, &l) != DTL_OK) TU_EXPECT(0, "layout %s", text);
+  if (n != m->ndim || dtl_layout_create(m->mesh, t, nd, shape, p, &l) != DTL_OK) CHECK(0, "layout %s", text);
   return l;
 }
 
@@ -148,6 +149,7 @@ static dtl_layout *make(const tu_mesh *m, dtl_dtype t, int nd, const int64_t *sh
  * hold. The gather on the inner dim needs its received blocks and the unpacked [S0,R] shard at once, and the
  * all-to-all its packed send blocks and the [S1,R] shard: the figure is twice the intermediate (4x the ends). */
 static void nested_shard_swap_scratch_is_documented(const tu_mesh *m) {
+  if (!m->mesh) return; /* a rank outside the mesh */
   int64_t shape[2] = {8, 8};
   dtl_layout *a = make(m, DTL_INT32, 2, shape, "S0,S1"), *b = make(m, DTL_INT32, 2, shape, "S1,S0");
   dtl_plan p;
@@ -159,23 +161,23 @@ static void nested_shard_swap_scratch_is_documented(const tu_mesh *m) {
   p.steps[0] = (dtl__plan_step){.kind = DTL__STEP_ALL_GATHER, .mesh_dim = 1, .before = {s0, s1}, .after = {s0, r}};
   p.steps[1] = (dtl__plan_step){.kind = DTL__STEP_ALL_TO_ALL, .mesh_dim = 0, .before = {s0, r}, .after = {s1, r}};
   p.steps[2] = (dtl__plan_step){.kind = DTL__STEP_LOCAL_SLICE, .mesh_dim = 1, .before = {s1, r}, .after = {s1, s0}};
-  TU_EXPECT(dtl__plan_compile("swap", &p) == DTL_OK, "%s", dtl_last_error());
+  CHECK(dtl__plan_compile("swap", &p) == DTL_OK, "%s", dtl_last_error());
   size_t fig = p.scratch_bytes;
-  TU_EXPECT(fig == 2 * 32 * sizeof(int32_t), "scratch %zu, want twice the [S0,R] shard, %zu bytes", fig,
-            2 * 32 * sizeof(int32_t));
+  CHECK(fig == 2 * 32 * sizeof(int32_t), "scratch %zu, want twice the [S0,R] shard, %zu bytes", fig,
+        2 * 32 * sizeof(int32_t));
   int32_t dense[64], in[16], out[16];
   for (int i = 0; i < 64; i++) dense[i] = i;
   tu_make_local(a, dense, 1, in);
   tu_alloc_stats s = tu_allocs;
-  TU_EXPECT(dtl_plan_execute(&p, in, out) == DTL_OK, "%s", dtl_last_error());
-  TU_EXPECT(tu_allocs.bytes_total - s.bytes_total == fig, "allocated %zu", tu_allocs.bytes_total - s.bytes_total);
-  TU_EXPECT(tu_check_state(m, b, out, dense, "swap") == 0, "wrong values");
+  CHECK(dtl_plan_execute(&p, in, out) == DTL_OK, "%s", dtl_last_error());
+  CHECK(tu_allocs.bytes_total - s.bytes_total == fig, "allocated %zu", tu_allocs.bytes_total - s.bytes_total);
+  CHECK(tu_check_state(m, b, out, dense, "swap") == 0, "wrong values");
   /* Both ends gathered on inner dims: [S1,S1] -> [R,R] needs only one buffer of the target's size. */
   dtl_layout *c = make(m, DTL_INT32, 2, shape, "S1,S1"), *d = make(m, DTL_INT32, 2, shape, "R,R");
   dtl_plan q;
-  TU_EXPECT(tu_route_plan(c, d, 3, &q) == 0 && q.nsteps == 2, "route");
-  TU_EXPECT(q.scratch_bytes == 64 * sizeof(int32_t), "[S1,S1]->[R,R] scratch %zu, want %zu", q.scratch_bytes,
-            64 * sizeof(int32_t));
+  CHECK(tu_route_plan(c, d, 3, &q) == 0 && q.nsteps == 2, "route");
+  CHECK(q.scratch_bytes == 64 * sizeof(int32_t), "[S1,S1]->[R,R] scratch %zu, want %zu", q.scratch_bytes,
+        64 * sizeof(int32_t));
   dtl__plan_release(&p);
   dtl__plan_release(&q);
   dtl_layout_destroy(a);
@@ -188,6 +190,7 @@ static void nested_shard_swap_scratch_is_documented(const tu_mesh *m) {
  * would gather blocks that mesh dim 1 splits further. The check depends on placements only, so compilation
  * (at plan creation) refuses it on every rank, and a plan that failed it never runs. */
 static void step_that_changes_an_outer_split_is_rejected_on_every_rank(const tu_mesh *m) {
+  if (!m->mesh) return; /* a rank outside the mesh */
   int64_t shape[1] = {8};
   dtl_layout *a = make(m, DTL_INT32, 1, shape, "S0,S0"), *b = make(m, DTL_INT32, 1, shape, "R,S0");
   dtl_plan p;
@@ -200,17 +203,17 @@ static void step_that_changes_an_outer_split_is_rejected_on_every_rank(const tu_
   int32_t in[8] = {0}, out[8];
   memset(out, 0x5a, sizeof out);
   dtl_status st = dtl__plan_compile("outer split", &p);
-  TU_EXPECT(st == DTL_ERR_UNSUPPORTED && strstr(dtl_last_error(), "innermost"), "status %s: %s", dtl_status_name(st),
+  CHECK(st == DTL_ERR_UNSUPPORTED && strstr(dtl_last_error(), "innermost"), "status %s: %s", dtl_status_name(st),
             dtl_last_error());
-  TU_EXPECT(p.exec == NULL, "a plan that failed its check was compiled");
+  CHECK(p.exec == NULL, "a plan that failed its check was compiled");
   st = dtl_plan_execute(&p, in, out);
-  TU_EXPECT(st == DTL_ERR_INTERNAL && strstr(dtl_last_error(), "never compiled"), "status %s: %s", dtl_status_name(st),
+  CHECK(st == DTL_ERR_INTERNAL && strstr(dtl_last_error(), "never compiled"), "status %s: %s", dtl_status_name(st),
             dtl_last_error());
-  TU_EXPECT(((unsigned char *)out)[0] == 0x5a && ((unsigned char *)out)[sizeof out - 1] == 0x5a, "dst was written");
+  CHECK(((unsigned char *)out)[0] == 0x5a && ((unsigned char *)out)[sizeof out - 1] == 0x5a, "dst was written");
   /* A step whose kind does not match its placements is the planner's bug: DTL_ERR_INTERNAL. */
   p.steps[0].kind = DTL__STEP_ALL_REDUCE;
   st = dtl__plan_compile("wrong kind", &p);
-  TU_EXPECT(st == DTL_ERR_INTERNAL, "status %s: %s", dtl_status_name(st), dtl_last_error());
+  CHECK(st == DTL_ERR_INTERNAL, "status %s: %s", dtl_status_name(st), dtl_last_error());
   dtl_layout_destroy(a);
   dtl_layout_destroy(b);
 }
@@ -218,6 +221,7 @@ static void step_that_changes_an_outer_split_is_rejected_on_every_rank(const tu_
 /* aliased_buffers_only_for_local_plans: src_local == dst_local is rejected (destination untouched) when the
  * plan communicates, and works in place when it is purely local (R -> S, R -> P). */
 static void aliased_buffers_only_for_local_plans(const tu_mesh *m) {
+  if (!m->mesh) return; /* a rank outside the mesh */
   int64_t shape[1] = {11};
   int p0 = m->shape[0];
   int32_t dense[11], buf[11];
@@ -227,30 +231,30 @@ static void aliased_buffers_only_for_local_plans(const tu_mesh *m) {
   dtl_layout *pp = make(m, DTL_INT32, 1, shape, m->ndim == 1 ? "P" : m->ndim == 2 ? "P,R" : "P,R,R");
   dtl_plan plan;
   /* R -> S(0) in place. */
-  TU_EXPECT(tu_route_plan(r, s, 1, &plan) == 0, "route");
+  CHECK(tu_route_plan(r, s, 1, &plan) == 0, "route");
   memcpy(buf, dense, sizeof buf);
   dtl_status st = dtl_plan_execute(&plan, buf, buf);
-  TU_EXPECT(st == DTL_OK, "in-place slice: %s", dtl_last_error());
-  TU_EXPECT(tu_check_state(m, s, buf, dense, "in-place slice") == 0, "in-place slice values");
+  CHECK(st == DTL_OK, "in-place slice: %s", dtl_last_error());
+  CHECK(tu_check_state(m, s, buf, dense, "in-place slice") == 0, "in-place slice values");
   /* R -> P(sum) in place. */
   dtl__plan_release(&plan);
-  TU_EXPECT(tu_route_plan(r, pp, 1, &plan) == 0, "route");
+  CHECK(tu_route_plan(r, pp, 1, &plan) == 0, "route");
   memcpy(buf, dense, sizeof buf);
   st = dtl_plan_execute(&plan, buf, buf);
-  TU_EXPECT(st == DTL_OK, "in-place partial: %s", dtl_last_error());
-  TU_EXPECT(tu_check_state(m, pp, buf, dense, "in-place partial") == 0, "in-place partial values");
+  CHECK(st == DTL_OK, "in-place partial: %s", dtl_last_error());
+  CHECK(tu_check_state(m, pp, buf, dense, "in-place partial") == 0, "in-place partial values");
   /* S(0) -> R communicates (when the mesh dim has more than one rank). */
   dtl__plan_release(&plan);
-  TU_EXPECT(tu_route_plan(s, r, 1, &plan) == 0, "route");
+  CHECK(tu_route_plan(s, r, 1, &plan) == 0, "route");
   tu_make_local(s, dense, 1, buf);
   uint64_t sum = tu_checksum(buf, sizeof buf);
   st = dtl_plan_execute(&plan, buf, buf);
   if (p0 > 1) {
-    TU_EXPECT(st == DTL_ERR_INVALID_ARGUMENT && strstr(dtl_last_error(), "src_local") && strstr(dtl_last_error(), "dst_local"),
-              "aliased gather: %s %s", dtl_status_name(st), dtl_last_error());
-    TU_EXPECT(tu_checksum(buf, sizeof buf) == sum, "aliased gather wrote the buffer");
+    CHECK(st == DTL_ERR_INVALID_ARGUMENT && strstr(dtl_last_error(), "src_local") && strstr(dtl_last_error(), "dst_local"),
+          "aliased gather: %s %s", dtl_status_name(st), dtl_last_error());
+    CHECK(tu_checksum(buf, sizeof buf) == sum, "aliased gather wrote the buffer");
   } else {
-    TU_EXPECT(st == DTL_OK, "a mesh dim of size 1 never communicates, so in place is fine: %s", dtl_last_error());
+    CHECK(st == DTL_OK, "a mesh dim of size 1 never communicates, so in place is fine: %s", dtl_last_error());
   }
   dtl__plan_release(&plan);
   dtl_layout_destroy(r);
@@ -260,35 +264,36 @@ static void aliased_buffers_only_for_local_plans(const tu_mesh *m) {
 
 /* null_buffers_and_abstract_meshes_are_rejected */
 static void null_buffers_and_abstract_meshes_are_rejected(const tu_mesh *m) {
+  if (!m->mesh) return; /* a rank outside the mesh */
   int64_t shape[1] = {2 * (int64_t)m->shape[0]}; /* every rank holds elements, so every rank rejects NULL */
   const char *rt = m->ndim == 1 ? "R" : m->ndim == 2 ? "R,R" : "R,R,R";
   const char *st0 = m->ndim == 1 ? "S0" : m->ndim == 2 ? "S0,R" : "S0,R,R";
   dtl_layout *r = make(m, DTL_INT32, 1, shape, rt), *s = make(m, DTL_INT32, 1, shape, st0);
   dtl_plan plan;
-  TU_EXPECT(tu_route_plan(s, r, 1, &plan) == 0, "route");
+  CHECK(tu_route_plan(s, r, 1, &plan) == 0, "route");
   int32_t in[16] = {0}, out[16];
   memset(out, 0x5a, sizeof out);
   dtl_status st = dtl_plan_execute(&plan, NULL, out);
-  if (s->local_count) TU_EXPECT(st == DTL_ERR_INVALID_ARGUMENT && strstr(dtl_last_error(), "src_local=NULL"), "%s", dtl_last_error());
+  if (s->local_count) CHECK(st == DTL_ERR_INVALID_ARGUMENT && strstr(dtl_last_error(), "src_local=NULL"), "%s", dtl_last_error());
   st = dtl_plan_execute(&plan, in, NULL);
-  TU_EXPECT(st == DTL_ERR_INVALID_ARGUMENT && strstr(dtl_last_error(), "dst_local=NULL"), "%s", dtl_last_error());
-  TU_EXPECT(((unsigned char *)out)[0] == 0x5a, "dst written");
+  CHECK(st == DTL_ERR_INVALID_ARGUMENT && strstr(dtl_last_error(), "dst_local=NULL"), "%s", dtl_last_error());
+  CHECK(((unsigned char *)out)[0] == 0x5a, "dst written");
   st = dtl_plan_execute(NULL, in, out);
-  TU_EXPECT(st == DTL_ERR_INVALID_ARGUMENT && strstr(dtl_last_error(), "plan=NULL"), "%s", dtl_last_error());
+  CHECK(st == DTL_ERR_INVALID_ARGUMENT && strstr(dtl_last_error(), "plan=NULL"), "%s", dtl_last_error());
   dtl__plan_release(&plan);
   /* The same plan on an abstract mesh of the same shape. */
   dtl_mesh *am;
-  TU_EXPECT(dtl_mesh_create_abstract(m->ndim, m->shape, NULL, &am) == DTL_OK, "%s", dtl_last_error());
+  CHECK(dtl_mesh_create_abstract(m->ndim, m->shape, NULL, &am) == DTL_OK, "%s", dtl_last_error());
   dtl_layout *ar, *as;
   dtl_placement pr[DTL_MAX_MESH_DIMS], ps[DTL_MAX_MESH_DIMS];
   dtl_layout_placements(r, pr);
   dtl_layout_placements(s, ps);
   dtl_layout_create(am, DTL_INT32, 1, shape, ps, &as);
   dtl_layout_create(am, DTL_INT32, 1, shape, pr, &ar);
-  TU_EXPECT(tu_route_plan(as, ar, 1, &plan) == 0, "route");
+  CHECK(tu_route_plan(as, ar, 1, &plan) == 0, "route");
   st = dtl_plan_execute(&plan, in, out);
-  TU_EXPECT(st == DTL_ERR_INVALID_ARGUMENT && strstr(dtl_last_error(), "abstract"), "%s", dtl_last_error());
-  TU_EXPECT(((unsigned char *)out)[0] == 0x5a, "dst written");
+  CHECK(st == DTL_ERR_INVALID_ARGUMENT && strstr(dtl_last_error(), "abstract"), "%s", dtl_last_error());
+  CHECK(((unsigned char *)out)[0] == 0x5a, "dst written");
   dtl__plan_release(&plan);
   dtl_layout_destroy(ar);
   dtl_layout_destroy(as);
@@ -298,9 +303,9 @@ static void null_buffers_and_abstract_meshes_are_rejected(const tu_mesh *m) {
 }
 
 int main(int argc, char **argv) {
-  MPI_Init(&argc, &argv);
-  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+  dt_init(&argc, &argv);
+  world_rank = dt_rank;
+  world_size = dt_size;
   /* Bounded work per mesh: np=8 runs 4 meshes, each rank oversubscribed 4x on a small machine. */
   int trials = argc > 1 ? atoi(argv[1]) : 8, nlayouts = argc > 2 ? atoi(argv[2]) : 6;
   /* Default chunks; 48-byte chunks, so that small tensors take the chunked gather and reduce-scatter paths
@@ -313,17 +318,19 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < (size_t)tu_nmeshes; i++) {
       tu_mesh m;
       if (!tu_mesh_open_spec((int)i, &m)) continue;
-      if (m.mesh) {
-        random_routes_match_the_dense_oracle(&m, (int)i, ci == 2 ? 2 : trials, nlayouts, ci == 2);
-        null_buffers_and_abstract_meshes_are_rejected(&m);
-        aliased_buffers_only_for_local_plans(&m);
-        if (ci == 0 && m.ndim == 2 && m.shape[0] == 2 && m.shape[1] == 2) {
-          nested_shard_swap_scratch_is_documented(&m);
-          step_that_changes_an_outer_split_is_rejected_on_every_rank(&m);
-        }
+      RUN_NAMED(tu_case_name("random_routes_match_the_dense_oracle", &m),
+                random_routes_match_the_dense_oracle(&m, (int)i, ci == 2 ? 2 : trials, nlayouts, ci == 2));
+      RUN_NAMED(tu_case_name("null_buffers_and_abstract_meshes_are_rejected", &m),
+                null_buffers_and_abstract_meshes_are_rejected(&m));
+      RUN_NAMED(tu_case_name("aliased_buffers_only_for_local_plans", &m), aliased_buffers_only_for_local_plans(&m));
+      if (ci == 0 && m.ndim == 2 && m.shape[0] == 2 && m.shape[1] == 2) {
+        RUN_NAMED(tu_case_name("nested_shard_swap_scratch_is_documented", &m),
+                  nested_shard_swap_scratch_is_documented(&m));
+        RUN_NAMED(tu_case_name("step_that_changes_an_outer_split_is_rejected_on_every_rank", &m),
+                  step_that_changes_an_outer_split_is_rejected_on_every_rank(&m));
       }
       tu_mesh_close(&m);
     }
   }
-  return tu_finish("test_executor_steps");
+  return dt_finish();
 }

@@ -4,10 +4,12 @@
  * disagree across ranks return DTL_ERR_MISMATCH on every rank (naming the ranks) instead of hanging. */
 #include <stdlib.h>
 #include <string.h>
-#include "dtl/mpi.h"
+#include "dtl_test.h"
 #include "test_redistribute_util.h"
 
 static int rank, size;
+static dtl_comm *world;
+static dtl_mesh *m, *m2; /* two meshes over the world, of the same shape */
 
 #define N 24
 typedef struct {
@@ -26,42 +28,35 @@ static bool untouched(const bufs *b) {
   return tu_checksum(b->src, sizeof b->src) == b->src_sum && tu_checksum(b->dst, sizeof b->dst) == b->dst_sum;
 }
 
-#define EXPECT_FAIL(call, want, text)                                                                            \
-  do {                                                                                                           \
-    dtl_status st_ = (call);                                                                                     \
-    TU_EXPECT(st_ == (want) && strstr(dtl_last_error(), (text)), "%s: status %s, message \"%s\" (want %s, \"%s\")", \
-              #call, dtl_status_name(st_), dtl_last_error(), dtl_status_name(want), text);                       \
-  } while (0)
-
 static dtl_layout *layout(const dtl_mesh *m, dtl_dtype t, int64_t n0, int64_t n1, dtl_placement p) {
   int64_t shape[2] = {n0, n1};
   dtl_layout *l = NULL;
-  if (dtl_layout_create(m, t, 2, shape, &p, &l) != DTL_OK) TU_EXPECT(0, "layout: %s", dtl_last_error());
+  if (dtl_layout_create(m, t, 2, shape, &p, &l) != DTL_OK) CHECK(0, "layout: %s", dtl_last_error());
   return l;
 }
 
 /* mismatched_layout_pairs_are_rejected: different meshes, dtypes or shapes; NULL layouts and buffers. */
-static void mismatched_layout_pairs_are_rejected(dtl_mesh *m, dtl_mesh *m2) {
+static void mismatched_layout_pairs_are_rejected(void) {
   bufs b;
   dtl_layout *s0 = layout(m, DTL_INT32, N, 4, dtl_shard(0)), *r = layout(m, DTL_INT32, N, 4, dtl_replicate());
   dtl_layout *other_mesh = layout(m2, DTL_INT32, N, 4, dtl_replicate());
   dtl_layout *other_type = layout(m, DTL_FLOAT32, N, 4, dtl_replicate());
   dtl_layout *other_shape = layout(m, DTL_INT32, N, 5, dtl_replicate());
   arm(&b);
-  EXPECT_FAIL(dtl_redistribute(s0, b.src, other_mesh, b.dst), DTL_ERR_INVALID_ARGUMENT, "different meshes");
-  EXPECT_FAIL(dtl_redistribute(s0, b.src, other_type, b.dst), DTL_ERR_INVALID_ARGUMENT, "dst dtype=f32");
-  EXPECT_FAIL(dtl_redistribute(s0, b.src, other_shape, b.dst), DTL_ERR_INVALID_ARGUMENT, "dst global shape=[24,5]");
-  EXPECT_FAIL(dtl_redistribute(NULL, b.src, r, b.dst), DTL_ERR_INVALID_ARGUMENT, "src=NULL");
-  EXPECT_FAIL(dtl_redistribute(s0, b.src, NULL, b.dst), DTL_ERR_INVALID_ARGUMENT, "dst=NULL");
-  EXPECT_FAIL(dtl_redistribute(s0, NULL, r, b.dst), DTL_ERR_INVALID_ARGUMENT, "src_local=NULL");
-  EXPECT_FAIL(dtl_redistribute(s0, b.src, r, NULL), DTL_ERR_INVALID_ARGUMENT, "dst_local=NULL");
-  EXPECT_FAIL(dtl_full_tensor(NULL, b.src, b.dst), DTL_ERR_INVALID_ARGUMENT, "layout=NULL");
-  EXPECT_FAIL(dtl_full_tensor(s0, b.src, NULL), DTL_ERR_INVALID_ARGUMENT, "dst_local=NULL");
-  EXPECT_FAIL(dtl_distribute(NULL, b.src, 0, b.dst), DTL_ERR_INVALID_ARGUMENT, "layout=NULL");
-  EXPECT_FAIL(dtl_distribute(s0, b.src, size, b.dst), DTL_ERR_INVALID_ARGUMENT, "root=");
-  EXPECT_FAIL(dtl_distribute(s0, b.src, -1, b.dst), DTL_ERR_INVALID_ARGUMENT, "root=-1");
-  EXPECT_FAIL(dtl_distribute(s0, b.src, 0, NULL), DTL_ERR_INVALID_ARGUMENT, "local=NULL");
-  TU_EXPECT(untouched(&b), "a rejected call wrote a buffer");
+  CHECK_ERROR(dtl_redistribute(s0, b.src, other_mesh, b.dst), DTL_ERR_INVALID_ARGUMENT, "different meshes");
+  CHECK_ERROR(dtl_redistribute(s0, b.src, other_type, b.dst), DTL_ERR_INVALID_ARGUMENT, "dst dtype=f32");
+  CHECK_ERROR(dtl_redistribute(s0, b.src, other_shape, b.dst), DTL_ERR_INVALID_ARGUMENT, "dst global shape=[24,5]");
+  CHECK_ERROR(dtl_redistribute(NULL, b.src, r, b.dst), DTL_ERR_INVALID_ARGUMENT, "src=NULL");
+  CHECK_ERROR(dtl_redistribute(s0, b.src, NULL, b.dst), DTL_ERR_INVALID_ARGUMENT, "dst=NULL");
+  CHECK_ERROR(dtl_redistribute(s0, NULL, r, b.dst), DTL_ERR_INVALID_ARGUMENT, "src_local=NULL");
+  CHECK_ERROR(dtl_redistribute(s0, b.src, r, NULL), DTL_ERR_INVALID_ARGUMENT, "dst_local=NULL");
+  CHECK_ERROR(dtl_full_tensor(NULL, b.src, b.dst), DTL_ERR_INVALID_ARGUMENT, "layout=NULL");
+  CHECK_ERROR(dtl_full_tensor(s0, b.src, NULL), DTL_ERR_INVALID_ARGUMENT, "dst_local=NULL");
+  CHECK_ERROR(dtl_distribute(NULL, b.src, 0, b.dst), DTL_ERR_INVALID_ARGUMENT, "layout=NULL");
+  CHECK_ERROR(dtl_distribute(s0, b.src, size, b.dst), DTL_ERR_INVALID_ARGUMENT, "root=");
+  CHECK_ERROR(dtl_distribute(s0, b.src, -1, b.dst), DTL_ERR_INVALID_ARGUMENT, "root=-1");
+  CHECK_ERROR(dtl_distribute(s0, b.src, 0, NULL), DTL_ERR_INVALID_ARGUMENT, "local=NULL");
+  CHECK(untouched(&b), "a rejected call wrote a buffer");
   dtl_layout_destroy(s0);
   dtl_layout_destroy(r);
   dtl_layout_destroy(other_mesh);
@@ -71,25 +66,25 @@ static void mismatched_layout_pairs_are_rejected(dtl_mesh *m, dtl_mesh *m2) {
 
 /* unsupported_transitions_and_aliasing_are_rejected: S -> P and P(sum) -> P(max) have no route; the same
  * buffer for source and target is only allowed for a purely local plan. */
-static void unsupported_transitions_and_aliasing_are_rejected(dtl_mesh *m) {
+static void unsupported_transitions_and_aliasing_are_rejected(void) {
   bufs b;
   dtl_layout *s0 = layout(m, DTL_INT32, N, 4, dtl_shard(0)), *r = layout(m, DTL_INT32, N, 4, dtl_replicate());
   dtl_layout *p = layout(m, DTL_FLOAT32, N, 4, dtl_partial(DTL_SUM)), *pm = layout(m, DTL_FLOAT32, N, 4, dtl_partial(DTL_MAX));
   dtl_layout *ps = layout(m, DTL_INT32, N, 4, dtl_partial(DTL_SUM));
   arm(&b);
   if (size > 1) {
-    EXPECT_FAIL(dtl_redistribute(s0, b.src, ps, b.dst), DTL_ERR_UNSUPPORTED, "unsupported");
-    EXPECT_FAIL(dtl_redistribute(p, b.src, pm, b.dst), DTL_ERR_UNSUPPORTED, "unsupported");
-    EXPECT_FAIL(dtl_redistribute(s0, b.src, r, b.src), DTL_ERR_INVALID_ARGUMENT, "dst_local");
-    TU_EXPECT(untouched(&b), "a rejected call wrote a buffer");
+    CHECK_ERROR(dtl_redistribute(s0, b.src, ps, b.dst), DTL_ERR_UNSUPPORTED, "unsupported");
+    CHECK_ERROR(dtl_redistribute(p, b.src, pm, b.dst), DTL_ERR_UNSUPPORTED, "unsupported");
+    CHECK_ERROR(dtl_redistribute(s0, b.src, r, b.src), DTL_ERR_INVALID_ARGUMENT, "dst_local");
+    CHECK(untouched(&b), "a rejected call wrote a buffer");
   }
   /* R -> S(0) is a local slice: in place is fine, and gives this rank's rows. */
   int32_t buf[N * 4], want[N * 4];
   for (int i = 0; i < N * 4; i++) buf[i] = want[i] = i;
-  TU_EXPECT(dtl_redistribute(r, buf, s0, buf) == DTL_OK, "in-place slice: %s", dtl_last_error());
+  CHECK(dtl_redistribute(r, buf, s0, buf) == DTL_OK, "in-place slice: %s", dtl_last_error());
   int64_t off[2];
   dtl_layout_local_box(s0, NULL, NULL, off);
-  TU_EXPECT(memcmp(buf, want + off[0] * 4, dtl_layout_local_count(s0) * sizeof(int32_t)) == 0, "in-place slice values");
+  CHECK(memcmp(buf, want + off[0] * 4, dtl_layout_local_count(s0) * sizeof(int32_t)) == 0, "in-place slice values");
   dtl_layout_destroy(s0);
   dtl_layout_destroy(r);
   dtl_layout_destroy(p);
@@ -101,14 +96,14 @@ static void unsupported_transitions_and_aliasing_are_rejected(dtl_mesh *m) {
 static void abstract_meshes_cannot_move_data(void) {
   int shape[1] = {size};
   dtl_mesh *am;
-  TU_EXPECT(dtl_mesh_create_abstract(1, shape, NULL, &am) == DTL_OK, "%s", dtl_last_error());
+  CHECK(dtl_mesh_create_abstract(1, shape, NULL, &am) == DTL_OK, "%s", dtl_last_error());
   dtl_layout *s0 = layout(am, DTL_INT32, N, 4, dtl_shard(0)), *r = layout(am, DTL_INT32, N, 4, dtl_replicate());
   bufs b;
   arm(&b);
-  EXPECT_FAIL(dtl_redistribute(s0, b.src, r, b.dst), DTL_ERR_INVALID_ARGUMENT, "abstract");
-  EXPECT_FAIL(dtl_full_tensor(s0, b.src, b.dst), DTL_ERR_INVALID_ARGUMENT, "abstract");
-  EXPECT_FAIL(dtl_distribute(s0, b.src, 0, b.dst), DTL_ERR_INVALID_ARGUMENT, "abstract");
-  TU_EXPECT(untouched(&b), "a rejected call wrote a buffer");
+  CHECK_ERROR(dtl_redistribute(s0, b.src, r, b.dst), DTL_ERR_INVALID_ARGUMENT, "abstract");
+  CHECK_ERROR(dtl_full_tensor(s0, b.src, b.dst), DTL_ERR_INVALID_ARGUMENT, "abstract");
+  CHECK_ERROR(dtl_distribute(s0, b.src, 0, b.dst), DTL_ERR_INVALID_ARGUMENT, "abstract");
+  CHECK(untouched(&b), "a rejected call wrote a buffer");
   dtl_layout_destroy(s0);
   dtl_layout_destroy(r);
   dtl_mesh_destroy(am);
@@ -116,7 +111,7 @@ static void abstract_meshes_cannot_move_data(void) {
 
 /* disagreeing_ranks_get_mismatch_under_dtl_check: rank size-1 asks for another target (or passes a NULL
  * buffer): every rank returns at once, the others with DTL_ERR_MISMATCH naming that rank. */
-static void disagreeing_ranks_get_mismatch_under_dtl_check(dtl_mesh *m) {
+static void disagreeing_ranks_get_mismatch_under_dtl_check(void) {
   setenv("DTL_CHECK", "1", 1);
   bufs b;
   dtl_layout *s0 = layout(m, DTL_INT32, N, 4, dtl_shard(0)), *r = layout(m, DTL_INT32, N, 4, dtl_replicate());
@@ -125,30 +120,30 @@ static void disagreeing_ranks_get_mismatch_under_dtl_check(dtl_mesh *m) {
   snprintf(odd, sizeof odd, "rank %d ", size - 1);
   /* Agreeing calls pass the check and work. */
   arm(&b);
-  TU_EXPECT(dtl_redistribute(r, b.src, s0, b.dst) == DTL_OK, "%s", dtl_last_error());
+  CHECK(dtl_redistribute(r, b.src, s0, b.dst) == DTL_OK, "%s", dtl_last_error());
   if (size > 1) {
     arm(&b);
     bool me_odd = rank == size - 1;
     dtl_status st = dtl_redistribute(s0, b.src, me_odd ? s1 : r, b.dst);
     if (rank == 0) printf("  rank 0 was told: %s\n", dtl_last_error());
-    TU_EXPECT(st == DTL_ERR_MISMATCH && strstr(dtl_last_error(), odd) && strstr(dtl_last_error(), "DTL_CHECK"),
-              "different targets: %s %s", dtl_status_name(st), dtl_last_error());
-    TU_EXPECT(untouched(&b), "a mismatched call wrote a buffer");
+    CHECK(st == DTL_ERR_MISMATCH && strstr(dtl_last_error(), odd) && strstr(dtl_last_error(), "DTL_CHECK"),
+          "different targets: %s %s", dtl_status_name(st), dtl_last_error());
+    CHECK(untouched(&b), "a mismatched call wrote a buffer");
     /* One rank's own argument error: it gets that error, the others a mismatch naming it. */
     st = dtl_redistribute(s0, b.src, r, me_odd ? NULL : b.dst);
-    if (me_odd) TU_EXPECT(st == DTL_ERR_INVALID_ARGUMENT && strstr(dtl_last_error(), "dst_local=NULL"), "%s", dtl_last_error());
-    else TU_EXPECT(st == DTL_ERR_MISMATCH && strstr(dtl_last_error(), odd), "%s %s", dtl_status_name(st), dtl_last_error());
+    if (me_odd) CHECK(st == DTL_ERR_INVALID_ARGUMENT && strstr(dtl_last_error(), "dst_local=NULL"), "%s", dtl_last_error());
+    else CHECK(st == DTL_ERR_MISMATCH && strstr(dtl_last_error(), odd), "%s %s", dtl_status_name(st), dtl_last_error());
     /* distribute with a root that one rank gets wrong, and with a NULL dense tensor on root. */
     st = dtl_distribute(s0, b.src, me_odd ? 1 : 0, b.dst);
-    TU_EXPECT(st == DTL_ERR_MISMATCH, "distribute roots: %s %s", dtl_status_name(st), dtl_last_error());
+    CHECK(st == DTL_ERR_MISMATCH, "distribute roots: %s %s", dtl_status_name(st), dtl_last_error());
     st = dtl_distribute(s0, rank == 0 ? NULL : b.src, 0, b.dst);
-    if (rank == 0) TU_EXPECT(st == DTL_ERR_INVALID_ARGUMENT && strstr(dtl_last_error(), "dense_on_root=NULL"), "%s", dtl_last_error());
-    else TU_EXPECT(st == DTL_ERR_MISMATCH && strstr(dtl_last_error(), "rank 0 "), "%s %s", dtl_status_name(st), dtl_last_error());
-    TU_EXPECT(untouched(&b), "a mismatched call wrote a buffer");
+    if (rank == 0) CHECK(st == DTL_ERR_INVALID_ARGUMENT && strstr(dtl_last_error(), "dense_on_root=NULL"), "%s", dtl_last_error());
+    else CHECK(st == DTL_ERR_MISMATCH && strstr(dtl_last_error(), "rank 0 "), "%s %s", dtl_status_name(st), dtl_last_error());
+    CHECK(untouched(&b), "a mismatched call wrote a buffer");
     /* full_tensor of different layouts. */
     st = dtl_full_tensor(me_odd ? s1 : s0, b.src, b.dst);
-    TU_EXPECT(st == DTL_ERR_MISMATCH, "full_tensor: %s %s", dtl_status_name(st), dtl_last_error());
-    TU_EXPECT(untouched(&b), "a mismatched call wrote a buffer");
+    CHECK(st == DTL_ERR_MISMATCH, "full_tensor: %s %s", dtl_status_name(st), dtl_last_error());
+    CHECK(untouched(&b), "a mismatched call wrote a buffer");
   }
   unsetenv("DTL_CHECK");
   dtl_layout_destroy(s0);
@@ -157,23 +152,19 @@ static void disagreeing_ranks_get_mismatch_under_dtl_check(dtl_mesh *m) {
 }
 
 int main(int argc, char **argv) {
-  MPI_Init(&argc, &argv);
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  dtl_comm *c;
-  dtl_mesh *m, *m2;
+  dt_init(&argc, &argv);
+  rank = dt_rank;
+  size = dt_size;
   int shape[1] = {size};
-  if (dtl_comm_from_mpi(MPI_COMM_WORLD, &c) != DTL_OK || dtl_mesh_create(c, 1, shape, &m) != DTL_OK ||
-      dtl_mesh_create(c, 1, shape, &m2) != DTL_OK) {
-    fprintf(stderr, "setup: %s\n", dtl_last_error());
-    return 1;
-  }
-  mismatched_layout_pairs_are_rejected(m, m2);
-  unsupported_transitions_and_aliasing_are_rejected(m);
-  abstract_meshes_cannot_move_data();
-  disagreeing_ranks_get_mismatch_under_dtl_check(m);
+  REQUIRE_OK(dtl_comm_from_mpi(MPI_COMM_WORLD, &world));
+  REQUIRE_OK(dtl_mesh_create(world, 1, shape, &m));
+  REQUIRE_OK(dtl_mesh_create(world, 1, shape, &m2));
+  RUN(mismatched_layout_pairs_are_rejected);
+  RUN(unsupported_transitions_and_aliasing_are_rejected);
+  RUN(abstract_meshes_cannot_move_data);
+  RUN(disagreeing_ranks_get_mismatch_under_dtl_check);
   dtl_mesh_destroy(m);
   dtl_mesh_destroy(m2);
-  dtl_comm_destroy(c);
-  return tu_finish("test_redistribute_errors");
+  dtl_comm_destroy(world);
+  return dt_finish();
 }

@@ -6,8 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include "redistribute/redistribute_internal.h"
+#include "dtl_test.h"
 #include "test_redistribute_util.h"
-
 
 static int world_rank, world_size;
 static int small_chunks; /* the test setting of dtl__executor_set_chunking is on */
@@ -59,33 +59,33 @@ static void every_pair_matches_the_dense_oracle(const tu_mesh *m, const dtl_layo
   int calls = tu_allocs.calls - a0.calls;
   size_t bytes = tu_allocs.bytes_total - a0.bytes_total;
   dtl__plan_cache_stats(m->mesh, &h1, &m1);
-  TU_EXPECT(tu_checksum(in, sb) == sum_in, "%s: the source was written", what);
+  CHECK(tu_checksum(in, sb) == sum_in, "%s: the source was written", what);
   ps->pairs++;
   if (expect_unsupported(src, dst)) {
     ps->unsupported++;
-    TU_EXPECT(st == DTL_ERR_UNSUPPORTED, "%s: status %s (%s), expected DTL_ERR_UNSUPPORTED", what, dtl_status_name(st),
-              dtl_last_error());
-    TU_EXPECT(tu_checksum(out, db) == sum_out, "%s: a failed call wrote the destination", what);
+    CHECK(st == DTL_ERR_UNSUPPORTED, "%s: status %s (%s), expected DTL_ERR_UNSUPPORTED", what, dtl_status_name(st),
+          dtl_last_error());
+    CHECK(tu_checksum(out, db) == sum_out, "%s: a failed call wrote the destination", what);
     free(in);
     free(out);
     return;
   }
-  TU_EXPECT(st == DTL_OK, "%s: %s", what, dtl_last_error());
+  CHECK(st == DTL_OK, "%s: %s", what, dtl_last_error());
   long wrong = tu_check_state(m, dst, out, dense, what);
-  TU_EXPECT(wrong == 0, "%s: %ld wrong elements", what, wrong);
+  CHECK(wrong == 0, "%s: %ld wrong elements", what, wrong);
   /* The cached plan: its scratch figure is what its first execution allocated, once (a pair seen before
    * runs on the workspace its plan already has). */
   const dtl_plan *plan = NULL;
-  TU_EXPECT(dtl__plan_cached(src, dst, &plan) == DTL_OK, "%s: %s", what, dtl_last_error());
+  CHECK(dtl__plan_cached(src, dst, &plan) == DTL_OK, "%s: %s", what, dtl_last_error());
   if (!plan) return;
   size_t fig = dtl_plan_scratch_bytes(plan), ends = sb > db ? sb : db;
   bool fresh = m1 > m0;
-  TU_EXPECT(fresh ? calls == (fig > 0) && bytes == fig : calls == 0, "%s: allocated %d buffers of %zu bytes in all; "
-            "the plan says %zu (%s plan)", what, calls, bytes, fig, fresh ? "a new" : "a cached");
+  CHECK(fresh ? calls == (fig > 0) && bytes == fig : calls == 0, "%s: allocated %d buffers of %zu bytes in all; "
+        "the plan says %zu (%s plan)", what, calls, bytes, fig, fresh ? "a new" : "a cached");
   /* One step: within the larger end (the test chunk setting lets chunked all-to-alls exceed it on small
    * shards, see test_executor_steps). */
   if (plan->nsteps <= 1)
-    TU_EXPECT(fig <= (small_chunks ? 2 : 1) * ends, "%s: scratch %zu > max(src %zu, dst %zu)", what, fig, sb, db);
+    CHECK(fig <= (small_chunks ? 2 : 1) * ends, "%s: scratch %zu > max(src %zu, dst %zu)", what, fig, sb, db);
   if (plan->nsteps > 1) ps->multi_step++;
   if (fig > ends) ps->over_bound++;
   if (fig > ends && intermediate_peak(plan) <= ends) ps->over_small++;
@@ -99,18 +99,18 @@ static void every_pair_matches_the_dense_oracle(const tu_mesh *m, const dtl_layo
   memset(out, 0x5a, db);
   a0 = tu_allocs;
   st = dtl_redistribute(src, in, dst, out);
-  TU_EXPECT(tu_allocs.calls == a0.calls, "%s: the repeated call allocated %d buffers", what, tu_allocs.calls - a0.calls);
+  CHECK(tu_allocs.calls == a0.calls, "%s: the repeated call allocated %d buffers", what, tu_allocs.calls - a0.calls);
   uint64_t h2, m2;
   dtl__plan_cache_stats(m->mesh, &h2, &m2);
-  TU_EXPECT(st == DTL_OK, "%s: repeated call: %s", what, dtl_last_error());
-  TU_EXPECT(m2 == m1 && h2 == h1 + 2, "%s: the repeated call was not a cache hit (misses %llu -> %llu, hits %llu -> %llu, "
-            "one of them the lookup above)", what, (unsigned long long)m1, (unsigned long long)m2,
-            (unsigned long long)h1, (unsigned long long)h2);
+  CHECK(st == DTL_OK, "%s: repeated call: %s", what, dtl_last_error());
+  CHECK(m2 == m1 && h2 == h1 + 2, "%s: the repeated call was not a cache hit (misses %llu -> %llu, hits %llu -> %llu, "
+        "one of them the lookup above)", what, (unsigned long long)m1, (unsigned long long)m2,
+        (unsigned long long)h1, (unsigned long long)h2);
   const dtl_plan *again = NULL;
   dtl__plan_cached(src, dst, &again);
-  TU_EXPECT(again == plan, "%s: the cache returned another plan", what);
+  CHECK(again == plan, "%s: the cache returned another plan", what);
   ps->cache_hits += (long)(h2 - h1);
-  TU_EXPECT(tu_check_state(m, dst, out, dense, what) == 0, "%s: repeated call wrong", what);
+  CHECK(tu_check_state(m, dst, out, dense, what) == 0, "%s: repeated call wrong", what);
   free(in);
   free(out);
 }
@@ -127,16 +127,16 @@ static void distribute_and_full_tensor_round_trip(const tu_mesh *m, const dtl_la
   memset(local, 0x5a, lb);
   int me = dtl_comm_rank(m->comm);
   dtl_status st = dtl_distribute(l, me == root ? copy : NULL, root, local);
-  TU_EXPECT(st == DTL_OK, "distribute %s root %d: %s", what, root, dtl_last_error());
-  TU_EXPECT(memcmp(copy, dense, gb) == 0, "distribute %s: the dense input was written", what);
-  TU_EXPECT(tu_check_state(m, l, local, dense, what) == 0, "distribute %s root %d: wrong shard", what, root);
+  CHECK(st == DTL_OK, "distribute %s root %d: %s", what, root, dtl_last_error());
+  CHECK(memcmp(copy, dense, gb) == 0, "distribute %s: the dense input was written", what);
+  CHECK(tu_check_state(m, l, local, dense, what) == 0, "distribute %s root %d: wrong shard", what, root);
   tu_make_local(l, dense, seed, local);
   memset(full, 0x5a, gb);
   st = dtl_full_tensor(l, local, full);
-  TU_EXPECT(st == DTL_OK, "full_tensor %s: %s", what, dtl_last_error());
+  CHECK(st == DTL_OK, "full_tensor %s: %s", what, dtl_last_error());
   long wrong = 0;
   for (size_t i = 0; i < l->global_count; i++) wrong += tu_get(full, l->dtype, i) != tu_get(dense, l->dtype, i);
-  TU_EXPECT(wrong == 0, "full_tensor %s: %ld wrong elements", what, wrong);
+  CHECK(wrong == 0, "full_tensor %s: %ld wrong elements", what, wrong);
   free(local);
   free(full);
   free(copy);
@@ -146,6 +146,7 @@ static void distribute_and_full_tensor_round_trip(const tu_mesh *m, const dtl_la
  * Partial(sum) and (prod) hold the value on coordinate 0 and 0 or 1 elsewhere; max, min and avg hold the value
  * everywhere. */
 static void distribute_partial_puts_the_value_on_coordinate_0_and_the_identity_elsewhere(const tu_mesh *m) {
+  if (!m->mesh) return; /* a rank outside the mesh */
   static const dtl_reduce_op ops[] = {DTL_SUM, DTL_PROD, DTL_MAX, DTL_MIN, DTL_AVG};
   int64_t shape[2] = {5, 3};
   float dense[15], local[15];
@@ -157,22 +158,24 @@ static void distribute_partial_puts_the_value_on_coordinate_0_and_the_identity_e
     for (int md = 0; md < m->ndim; md++) pl[md] = md == 0 ? dtl_partial(ops[o]) : dtl_replicate();
     dtl_layout *l;
     if (dtl_layout_create(m->mesh, DTL_FLOAT32, 2, shape, pl, &l) != DTL_OK) {
-      TU_EXPECT(0, "%s", dtl_last_error());
+      CHECK(0, "%s", dtl_last_error());
       continue;
     }
     memset(local, 0x5a, sizeof local);
-    TU_EXPECT(dtl_distribute(l, dense, dtl_mesh_size(m->mesh) - 1, local) == DTL_OK, "%s", dtl_last_error());
+    CHECK(dtl_distribute(l, dense, dtl_mesh_size(m->mesh) - 1, local) == DTL_OK, "%s", dtl_last_error());
     bool identity = coord[0] != 0 && (ops[o] == DTL_SUM || ops[o] == DTL_PROD);
     long wrong = 0;
     for (int i = 0; i < 15; i++) wrong += local[i] != (identity ? (ops[o] == DTL_SUM ? 0.0f : 1.0f) : dense[i]);
-    TU_EXPECT(wrong == 0, "P(%s) at coordinate %d: %ld elements are not the %s", dtl_reduce_op_name(ops[o]), coord[0],
-              wrong, identity ? "identity" : "value");
+    CHECK(wrong == 0, "P(%s) at coordinate %d: %ld elements are not the %s", dtl_reduce_op_name(ops[o]), coord[0],
+          wrong, identity ? "identity" : "value");
     dtl_layout_destroy(l);
   }
 }
 
-static void run_mesh(const tu_mesh *m, int mi, int trials, int nlayouts) {
-  distribute_partial_puts_the_value_on_coordinate_0_and_the_identity_elsewhere(m);
+/* every_pair_matches_the_dense_oracle and distribute_and_full_tensor_round_trip on random layouts. */
+static void random_layouts_round_trip_and_every_pair_matches_the_dense_oracle(const tu_mesh *m, int mi, int trials,
+                                                                              int nlayouts) {
+  if (!m->mesh) return; /* a rank outside the mesh */
   pair_stats ps = {0};
   for (int t = 0; t < trials; t++) {
     tu_rng r = {tu_hash(1000u + (uint64_t)mi, (uint64_t)t)};
@@ -191,7 +194,7 @@ static void run_mesh(const tu_mesh *m, int mi, int trials, int nlayouts) {
       if (i == 0) /* one fully sharded-or-partial source per shape at least */
         for (int md = 0; md < m->ndim; md++) pl[md] = md % 2 ? dtl_partial(DTL_SUM) : dtl_shard(md % nd);
       if (dtl_layout_create(m->mesh, dt, nd, shape, pl, &ls[i]) != DTL_OK) {
-        TU_EXPECT(0, "layout: %s", dtl_last_error());
+        CHECK(0, "layout: %s", dtl_last_error());
         ls[i] = NULL;
       }
     }
@@ -215,9 +218,9 @@ static void run_mesh(const tu_mesh *m, int mi, int trials, int nlayouts) {
 }
 
 int main(int argc, char **argv) {
-  MPI_Init(&argc, &argv);
-  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+  dt_init(&argc, &argv);
+  world_rank = dt_rank;
+  world_size = dt_size;
   int trials = argc > 1 ? atoi(argv[1]) : 8, nlayouts = argc > 2 ? atoi(argv[2]) : 6;
   /* Default chunks, then 48-byte chunks so that small tensors take the chunked pack/unpack paths too; each on
    * the MPI transport, then on it without its optional entries (all_to_allv_displs). */
@@ -227,9 +230,12 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < (size_t)tu_nmeshes; i++) {
       tu_mesh m;
       if (!tu_mesh_open_spec((int)i, &m)) continue;
-      if (m.mesh) run_mesh(&m, (int)i, trials, nlayouts);
+      RUN_NAMED(tu_case_name("distribute_partial_puts_the_value_on_coordinate_0_and_the_identity_elsewhere", &m),
+                distribute_partial_puts_the_value_on_coordinate_0_and_the_identity_elsewhere(&m));
+      RUN_NAMED(tu_case_name("random_layouts_round_trip_and_every_pair_matches_the_dense_oracle", &m),
+                random_layouts_round_trip_and_every_pair_matches_the_dense_oracle(&m, (int)i, trials, nlayouts));
       tu_mesh_close(&m);
     }
   }
-  return tu_finish("test_redistribute_oracle");
+  return dt_finish();
 }

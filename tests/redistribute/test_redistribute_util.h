@@ -30,10 +30,12 @@ typedef struct {
 } tu_mesh;
 int tu_mesh_open(int ndim, const int *shape, tu_mesh *out); /* collective over MPI_COMM_WORLD; 0 on success */
 void tu_mesh_close(tu_mesh *m);
-/* Opens tu_meshes[i] when it runs at this world size (false otherwise; a failure to open is a failed check).
- * The ranks outside the mesh get m->mesh == NULL; close it on every rank. */
+/* Opens tu_meshes[i] when it runs at this world size (false otherwise; a failure to open is a set-up failure
+ * that stops every rank). The ranks outside the mesh get m->mesh == NULL; close it on every rank. */
 bool tu_mesh_open_spec(int i, tu_mesh *m);
 const char *tu_mesh_text(const tu_mesh *m);
+/* "rule on mesh 2x4": the name a case run on m reports (one buffer, valid until the next call). */
+const char *tu_case_name(const char *rule, const tu_mesh *m);
 
 /* Allocation counts of the wrapped transports (every mem_alloc of every communicator of every tu_mesh). */
 typedef struct {
@@ -86,20 +88,5 @@ int tu_route_plan(const dtl_layout *src, const dtl_layout *dst, uint64_t seed, d
 
 /* Sums the bytes of a buffer (to show that a source was not written). */
 uint64_t tu_checksum(const void *buf, size_t bytes);
-
-/* Failures: counted per rank; tu_finish reduces over the world and returns the exit code. */
-extern long tu_failures;
-#define TU_EXPECT(cond, ...)                                   \
-  do {                                                         \
-    if (!(cond)) {                                             \
-      tu_failures++;                                           \
-      int r_;                                                  \
-      MPI_Comm_rank(MPI_COMM_WORLD, &r_);                      \
-      fprintf(stderr, "[rank %d] %s:%d: FAILED %s: ", r_, __FILE__, __LINE__, #cond); \
-      fprintf(stderr, __VA_ARGS__);                            \
-      fprintf(stderr, "\n");                                   \
-    }                                                          \
-  } while (0)
-int tu_finish(const char *name);
 
 #endif

@@ -10,7 +10,7 @@
  * Runs under mpirun with one rank; exits 77 (skipped) without a CUDA device. */
 #include <cuda_runtime.h>
 #include "tp_half.h"
-#include "tp_oracle.h"
+#include "tp_env.h"
 #include "dtl/nccl.h"
 
 static t_env E; /* the host path: an MPI context, one rank */
@@ -85,7 +85,6 @@ static void compare(const float *host, const float *dev, size_t n, const char *f
 
 /* ---------------------------------------------------------------------------------------------------- */
 static void linear_layers_and_the_row_reduction_equal_the_host_exactly(void) {
-  t_case = __func__;
   enum { T = 5, IN = 8, OUT = 6 };
   float *w = ints(1, OUT * IN, 2), *b = ints(2, OUT, 2), *x = ints(3, T * IN, 2), want[T * OUT], got[T * OUT];
   void *dw = up(w, OUT * IN), *db = up(b, OUT), *dx = up(x, T * IN), *dy = dev_alloc(T * OUT);
@@ -121,7 +120,6 @@ static void linear_layers_and_the_row_reduction_equal_the_host_exactly(void) {
 
 /* ---------------------------------------------------------------------------------------------------- */
 static void mlp_block_on_the_device_matches_the_host_path(void) {
-  t_case = __func__;
   const int64_t H = 12, F = 10;
   for (int gated = 0; gated < 2; gated++)
     for (int sp = 0; sp < 2; sp++)
@@ -155,7 +153,6 @@ static void mlp_block_on_the_device_matches_the_host_path(void) {
 }
 
 static void attention_block_on_the_device_matches_the_host_path(void) {
-  t_case = __func__;
   /* q heads, kv heads, head_dim, tokens; the last has causal rows longer than a block's 128 threads. */
   const int64_t cfg[][4] = {{4, 4, 3, 5}, {8, 2, 2, 7}, {12, 1, 2, 5}, {6, 3, 4, 7}, {4, 2, 8, 200}};
   const int64_t H = 8;
@@ -192,7 +189,6 @@ static void attention_block_on_the_device_matches_the_host_path(void) {
 
 /* ---------------------------------------------------------------------------------------------------- */
 static void embedding_on_the_device_is_exact_and_names_ids_outside_the_vocabulary(void) {
-  t_case = __func__;
   const int64_t V = 11, H = 6, T = 9, ids[9] = {0, 10, 5, 5, 3, 7, 1, 9, 2};
   float *table = ints(71, V * H, 100), got[9 * 6];
   void *dtable = up(table, (size_t)(V * H)), *dy = dev_alloc((size_t)(T * H));
@@ -215,7 +211,7 @@ static void embedding_on_the_device_is_exact_and_names_ids_outside_the_vocabular
   unsigned char *after = malloc(bytes);
   CUDA_CHECK(cudaMemsetAsync(dy, 0x7b, bytes, stream));
   int64_t bad[5] = {1, 2, 3, 11, 0};
-  CHECK_STATUS(dtl_tp_embedding_forward(e, 5, bad, dy), DTL_ERR_INVALID_ARGUMENT, "ids[3]=11");
+  CHECK_ERROR(dtl_tp_embedding_forward(e, 5, bad, dy), DTL_ERR_INVALID_ARGUMENT, "ids[3]=11");
   CUDA_CHECK(cudaMemcpyAsync(after, dy, bytes, cudaMemcpyDeviceToHost, stream));
   CUDA_CHECK(cudaStreamSynchronize(stream));
   size_t changed = 0;
@@ -232,7 +228,6 @@ static int same_pick(float a, int64_t ia, float b, int64_t ib) {
 }
 
 static void topk_and_argmax_on_the_device_equal_the_host_path(void) {
-  t_case = __func__;
   const int64_t T = 6, V = 13;
   float *lg = ints(81, T * V, 2); /* many ties */
   for (int64_t v = 0; v < V; v++) lg[0 * V + v] = 1.0f;
@@ -258,7 +253,7 @@ static void topk_and_argmax_on_the_device_equal_the_host_path(void) {
   CHECK(!memcmp(ha, da, sizeof ha), "argmax differs from the host path");
   /* A bad k writes nothing. */
   for (int i = 0; i < 6; i++) da[i] = -7;
-  CHECK_STATUS(dtl_tp_logits_topk(D, ld, dlg, (int)V + 1, NULL, da), DTL_ERR_INVALID_ARGUMENT, "k=14");
+  CHECK_ERROR(dtl_tp_logits_topk(D, ld, dlg, (int)V + 1, NULL, da), DTL_ERR_INVALID_ARGUMENT, "k=14");
   for (int i = 0; i < 6; i++) CHECK(da[i] == -7, "indices[%d] written by a failed call", i);
   dtl_layout_destroy(lh), dtl_layout_destroy(ld);
   release(dlg);
@@ -266,7 +261,6 @@ static void topk_and_argmax_on_the_device_equal_the_host_path(void) {
 }
 
 static void lm_head_then_argmax_on_the_device_equals_the_host_path(void) {
-  t_case = __func__;
   const int64_t T = 4, H = 6, V = 23;
   float *w = ints(91, V * H, 2), *x = ints(92, T * H, 2);
   dtl_tp_linear_params p = {.kind = DTL_TP_COLUMN, .in_features = H, .out_features = V, .weight = w};
@@ -292,15 +286,11 @@ static void lm_head_then_argmax_on_the_device_equals_the_host_path(void) {
 }
 
 int main(int argc, char **argv) {
-  t_setup(argc, argv, &E);
+  t_setup(&argc, &argv, &E);
   if (E.tp != 1 || dtl_cuda_device_count() == 0) {
-    printf("skipped: %s\n", E.tp != 1 ? "runs at one rank (one GPU holds one NCCL rank)"
-                                      : "no CUDA device (the TP layers on NCCL were not run)");
-    dtl_tp_context_destroy(E.ctx);
-    dtl_mesh_destroy(E.mesh);
-    dtl_comm_destroy(E.world);
-    MPI_Finalize();
-    return 77;
+    t_teardown(&E);
+    return dt_skip(E.tp != 1 ? "runs at one rank (one GPU holds one NCCL rank)"
+                             : "no CUDA device (the TP layers on NCCL were not run)");
   }
   ncclUniqueId id;
   int one = 1;
@@ -311,17 +301,25 @@ int main(int argc, char **argv) {
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
   const dtl_dtype types[3] = {DTL_FLOAT32, DTL_FLOAT16, DTL_BFLOAT16};
+#define DEVICE_CASE(fn) {fn, #fn}
+  static const struct {
+    void (*fn)(void);
+    const char *name;
+  } cases[] = {DEVICE_CASE(linear_layers_and_the_row_reduction_equal_the_host_exactly),
+               DEVICE_CASE(mlp_block_on_the_device_matches_the_host_path),
+               DEVICE_CASE(attention_block_on_the_device_matches_the_host_path),
+               DEVICE_CASE(embedding_on_the_device_is_exact_and_names_ids_outside_the_vocabulary),
+               DEVICE_CASE(topk_and_argmax_on_the_device_equal_the_host_path),
+               DEVICE_CASE(lm_head_then_argmax_on_the_device_equals_the_host_path)};
   for (int ti = 0; ti < 3; ti++) {
     DT = types[ti];
     dtl_tp_options o = {.mask = DTL_TP_OPT_DTYPE, .dtype = DT};
-    CHECK_OK(dtl_tp_context_create(dmesh, 0, &o, &D));
-    if (!D) break;
-    linear_layers_and_the_row_reduction_equal_the_host_exactly();
-    mlp_block_on_the_device_matches_the_host_path();
-    attention_block_on_the_device_matches_the_host_path();
-    embedding_on_the_device_is_exact_and_names_ids_outside_the_vocabulary();
-    topk_and_argmax_on_the_device_equal_the_host_path();
-    lm_head_then_argmax_on_the_device_equals_the_host_path();
+    REQUIRE_OK(dtl_tp_context_create(dmesh, 0, &o, &D));
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+      char name[128];
+      snprintf(name, sizeof name, "%s (%s)", cases[c].name, dtl_dtype_name(DT));
+      RUN_NAMED(name, cases[c].fn());
+    }
     dtl_tp_context_destroy(D);
     D = NULL;
   }
@@ -329,5 +327,6 @@ int main(int argc, char **argv) {
   dtl_comm_destroy(dcomm);
   ncclCommDestroy(nccl);
   cudaStreamDestroy(stream);
-  return t_finish(&E);
+  t_teardown(&E);
+  return dt_finish();
 }

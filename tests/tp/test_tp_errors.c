@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Bad input to the TP layers: each case gets its status and a message naming the argument and value, on
  * every rank alike (checks run before any collective), and leaves the output buffer untouched. */
-#include "tp_oracle.h"
+#include "tp_env.h"
 
 static t_env E;
 #define SENTINEL 12345.0f
@@ -16,34 +16,32 @@ static int untouched(const float *p, size_t n) {
 }
 
 static void heads_that_cannot_be_split_are_rejected_with_the_numbers(void) {
-  t_case = __func__;
   float w[64 * 8] = {0};
   dtl_tp_attention *a = NULL;
   dtl_tp_attention_params p = {.hidden = 8, .q_heads = 6, .kv_heads = 4, .head_dim = 2, .qkv = w, .out = w};
-  CHECK_STATUS(dtl_tp_attention_heads(E.ctx, 6, 4, NULL, NULL), DTL_ERR_INVALID_ARGUMENT,
-               "q_heads=6 is not a multiple of kv_heads=4");
-  CHECK_STATUS(dtl_tp_attention_create(E.ctx, &p, &a), DTL_ERR_INVALID_ARGUMENT, "q_heads=6 is not a multiple of kv_heads=4");
+  CHECK_ERROR(dtl_tp_attention_heads(E.ctx, 6, 4, NULL, NULL), DTL_ERR_INVALID_ARGUMENT,
+              "q_heads=6 is not a multiple of kv_heads=4");
+  CHECK_ERROR(dtl_tp_attention_create(E.ctx, &p, &a), DTL_ERR_INVALID_ARGUMENT, "q_heads=6 is not a multiple of kv_heads=4");
   CHECK(a == NULL, "no layer on failure");
-  CHECK_STATUS(dtl_tp_attention_heads(E.ctx, 0, 1, NULL, NULL), DTL_ERR_INVALID_ARGUMENT, "q_heads=0");
+  CHECK_ERROR(dtl_tp_attention_heads(E.ctx, 0, 1, NULL, NULL), DTL_ERR_INVALID_ARGUMENT, "q_heads=0");
   if (E.tp >= 3) { /* tp > kv_heads that do not divide tp */
     char want[64];
     snprintf(want, sizeof want, "kv_heads=%d does not divide tp=%d", E.tp - 1, E.tp);
-    CHECK_STATUS(dtl_tp_attention_heads(E.ctx, 2 * (E.tp - 1), E.tp - 1, NULL, NULL), DTL_ERR_INVALID_ARGUMENT, want);
+    CHECK_ERROR(dtl_tp_attention_heads(E.ctx, 2 * (E.tp - 1), E.tp - 1, NULL, NULL), DTL_ERR_INVALID_ARGUMENT, want);
     p.q_heads = 2 * (E.tp - 1);
     p.kv_heads = E.tp - 1;
-    CHECK_STATUS(dtl_tp_attention_create(E.ctx, &p, &a), DTL_ERR_INVALID_ARGUMENT, want);
+    CHECK_ERROR(dtl_tp_attention_create(E.ctx, &p, &a), DTL_ERR_INVALID_ARGUMENT, want);
     float shard[64 * 8];
-    CHECK_STATUS(dtl_tp_weight_shard_qkv(E.ctx, w, p.q_heads, p.kv_heads, 2, 8, shard), DTL_ERR_INVALID_ARGUMENT, want);
+    CHECK_ERROR(dtl_tp_weight_shard_qkv(E.ctx, w, p.q_heads, p.kv_heads, 2, 8, shard), DTL_ERR_INVALID_ARGUMENT, want);
   }
   if (E.tp >= 2) { /* replicated kv heads whose q heads do not split evenly over tp */
     char want[64];
     snprintf(want, sizeof want, "q_heads=%d is not a multiple of tp=%d", E.tp + 1, E.tp);
-    CHECK_STATUS(dtl_tp_attention_heads(E.ctx, E.tp + 1, 1, NULL, NULL), DTL_ERR_INVALID_ARGUMENT, want);
+    CHECK_ERROR(dtl_tp_attention_heads(E.ctx, E.tp + 1, 1, NULL, NULL), DTL_ERR_INVALID_ARGUMENT, want);
   }
 }
 
 static void layouts_that_differ_from_what_a_layer_takes_are_a_mismatch(void) {
-  t_case = __func__;
   int64_t T = 5, in = 6, out = 4;
   float *w = t_ints(1, out * in, 2), *x = t_ints(2, T * in, 2), y[64];
   dtl_tp_linear *col = NULL, *row = NULL;
@@ -63,13 +61,13 @@ static void layouts_that_differ_from_what_a_layer_takes_are_a_mismatch(void) {
   CHECK_OK(dtl_layout_create(E.mesh, DTL_FLOAT64, 2, shape, pl, &f64));
   fill(y, 64);
   /* A column layer without sequence parallelism takes R, not the token-sharded S(0). */
-  CHECK_STATUS(dtl_tp_linear_forward(col, s0, x, y), DTL_ERR_MISMATCH, "x_layout is [5,6]");
+  CHECK_ERROR(dtl_tp_linear_forward(col, s0, x, y), DTL_ERR_MISMATCH, "x_layout is [5,6]");
   CHECK(strstr(dtl_last_error(), "S(0)") && strstr(dtl_last_error(), "but this takes [5,6]"), "message: %s", dtl_last_error());
-  CHECK_STATUS(dtl_tp_linear_forward(col, wide, x, y), DTL_ERR_MISMATCH, "[5,7]");
-  CHECK_STATUS(dtl_tp_linear_forward(col, f64, x, y), DTL_ERR_MISMATCH, "f64");
+  CHECK_ERROR(dtl_tp_linear_forward(col, wide, x, y), DTL_ERR_MISMATCH, "[5,7]");
+  CHECK_ERROR(dtl_tp_linear_forward(col, f64, x, y), DTL_ERR_MISMATCH, "f64");
   /* A row layer takes S(1) on its in features. */
-  CHECK_STATUS(dtl_tp_linear_forward(row, r, x, y), DTL_ERR_MISMATCH, "x_layout");
-  CHECK_STATUS(dtl_tp_linear_forward(col, NULL, x, y), DTL_ERR_INVALID_ARGUMENT, "x_layout=NULL");
+  CHECK_ERROR(dtl_tp_linear_forward(row, r, x, y), DTL_ERR_MISMATCH, "x_layout");
+  CHECK_ERROR(dtl_tp_linear_forward(col, NULL, x, y), DTL_ERR_INVALID_ARGUMENT, "x_layout=NULL");
   CHECK(untouched(y, 64), "y untouched after a rejected call");
   /* A layout on another mesh. */
   dtl_mesh *other = NULL;
@@ -78,11 +76,11 @@ static void layouts_that_differ_from_what_a_layer_takes_are_a_mismatch(void) {
   dtl_layout *lo = NULL;
   dtl_placement rp[1] = {dtl_replicate()};
   CHECK_OK(dtl_layout_create(other, DTL_FLOAT32, 2, shape, rp, &lo));
-  CHECK_STATUS(dtl_tp_linear_forward(col, lo, x, y), DTL_ERR_MISMATCH, "another mesh");
+  CHECK_ERROR(dtl_tp_linear_forward(col, lo, x, y), DTL_ERR_MISMATCH, "another mesh");
   /* The communication halves check their layouts too. */
-  CHECK_STATUS(dtl_tp_column_parallel_gather(E.ctx, r, x, y), DTL_ERR_MISMATCH, "in_layout");
-  CHECK_STATUS(dtl_tp_sequence_gather(E.ctx, s1, x, y), DTL_ERR_MISMATCH, "in_layout");
-  CHECK_STATUS(dtl_tp_row_parallel_reduce(E.ctx, s1, x, NULL, y), DTL_ERR_MISMATCH, "out_layout");
+  CHECK_ERROR(dtl_tp_column_parallel_gather(E.ctx, r, x, y), DTL_ERR_MISMATCH, "in_layout");
+  CHECK_ERROR(dtl_tp_sequence_gather(E.ctx, s1, x, y), DTL_ERR_MISMATCH, "in_layout");
+  CHECK_ERROR(dtl_tp_row_parallel_reduce(E.ctx, s1, x, NULL, y), DTL_ERR_MISMATCH, "out_layout");
   CHECK(untouched(y, 64), "y untouched after a rejected call");
   /* A sequence-parallel MLP takes S(0) and rejects R. */
   float *gu = t_ints(3, 2 * 4 * in, 2), *dn = t_ints(4, in * 4, 2);
@@ -90,7 +88,7 @@ static void layouts_that_differ_from_what_a_layer_takes_are_a_mismatch(void) {
                           .gate_up = gu, .down = dn};
   dtl_tp_mlp *m = NULL;
   CHECK_OK(dtl_tp_mlp_create(E.ctx, &mp, &m));
-  CHECK_STATUS(dtl_tp_mlp_forward(m, r, x, y), DTL_ERR_MISMATCH, "x_layout");
+  CHECK_ERROR(dtl_tp_mlp_forward(m, r, x, y), DTL_ERR_MISMATCH, "x_layout");
   CHECK(untouched(y, 64), "y untouched after a rejected call");
   dtl_tp_mlp_destroy(m);
   dtl_layout_destroy(lo);
@@ -102,62 +100,60 @@ static void layouts_that_differ_from_what_a_layer_takes_are_a_mismatch(void) {
 }
 
 static void null_weights_and_missing_arguments_are_named(void) {
-  t_case = __func__;
   float w[16] = {0};
   dtl_tp_linear *l = NULL;
   dtl_tp_linear_params lp = {.kind = DTL_TP_COLUMN, .in_features = 2, .out_features = 2, .weight = NULL};
-  CHECK_STATUS(dtl_tp_linear_create(E.ctx, &lp, &l), DTL_ERR_INVALID_ARGUMENT, "weight=NULL");
-  CHECK_STATUS(dtl_tp_linear_create(E.ctx, NULL, &l), DTL_ERR_INVALID_ARGUMENT, "params=NULL");
-  CHECK_STATUS(dtl_tp_linear_create(NULL, &lp, &l), DTL_ERR_INVALID_ARGUMENT, "ctx=NULL");
+  CHECK_ERROR(dtl_tp_linear_create(E.ctx, &lp, &l), DTL_ERR_INVALID_ARGUMENT, "weight=NULL");
+  CHECK_ERROR(dtl_tp_linear_create(E.ctx, NULL, &l), DTL_ERR_INVALID_ARGUMENT, "params=NULL");
+  CHECK_ERROR(dtl_tp_linear_create(NULL, &lp, &l), DTL_ERR_INVALID_ARGUMENT, "ctx=NULL");
   lp.weight = w;
   lp.kind = DTL_TP_ROW;
   lp.mask = DTL_TP_GATHER_OUTPUT;
-  CHECK_STATUS(dtl_tp_linear_create(E.ctx, &lp, &l), DTL_ERR_INVALID_ARGUMENT, "DTL_TP_GATHER_OUTPUT");
+  CHECK_ERROR(dtl_tp_linear_create(E.ctx, &lp, &l), DTL_ERR_INVALID_ARGUMENT, "DTL_TP_GATHER_OUTPUT");
   lp.kind = (dtl_tp_linear_kind)7;
-  CHECK_STATUS(dtl_tp_linear_create(E.ctx, &lp, &l), DTL_ERR_INVALID_ARGUMENT, "kind=7");
+  CHECK_ERROR(dtl_tp_linear_create(E.ctx, &lp, &l), DTL_ERR_INVALID_ARGUMENT, "kind=7");
   CHECK(l == NULL, "no layer on failure");
   dtl_tp_mlp *m = NULL;
   dtl_tp_mlp_params mp = {.activation = DTL_TP_ACT_GELU, .hidden = 2, .ffn = 2, .gate_up = w, .down = NULL};
-  CHECK_STATUS(dtl_tp_mlp_create(E.ctx, &mp, &m), DTL_ERR_INVALID_ARGUMENT, "down=NULL");
+  CHECK_ERROR(dtl_tp_mlp_create(E.ctx, &mp, &m), DTL_ERR_INVALID_ARGUMENT, "down=NULL");
   mp.down = w;
   mp.gate_up = NULL;
-  CHECK_STATUS(dtl_tp_mlp_create(E.ctx, &mp, &m), DTL_ERR_INVALID_ARGUMENT, "gate_up=NULL");
+  CHECK_ERROR(dtl_tp_mlp_create(E.ctx, &mp, &m), DTL_ERR_INVALID_ARGUMENT, "gate_up=NULL");
   dtl_tp_attention *a = NULL;
   dtl_tp_attention_params ap = {.hidden = 2, .q_heads = 1, .kv_heads = 1, .head_dim = 1, .qkv = NULL, .out = w};
   if (E.tp == 1) {
-    CHECK_STATUS(dtl_tp_attention_create(E.ctx, &ap, &a), DTL_ERR_INVALID_ARGUMENT, "qkv=NULL");
+    CHECK_ERROR(dtl_tp_attention_create(E.ctx, &ap, &a), DTL_ERR_INVALID_ARGUMENT, "qkv=NULL");
     ap.qkv = w;
     ap.out = NULL;
-    CHECK_STATUS(dtl_tp_attention_create(E.ctx, &ap, &a), DTL_ERR_INVALID_ARGUMENT, "out=NULL");
+    CHECK_ERROR(dtl_tp_attention_create(E.ctx, &ap, &a), DTL_ERR_INVALID_ARGUMENT, "out=NULL");
   }
   dtl_tp_embedding *e = NULL;
   dtl_tp_embedding_params ep = {.vocab = 4, .hidden = 2, .table = NULL};
-  CHECK_STATUS(dtl_tp_embedding_create(E.ctx, &ep, &e), DTL_ERR_INVALID_ARGUMENT, "table=NULL");
+  CHECK_ERROR(dtl_tp_embedding_create(E.ctx, &ep, &e), DTL_ERR_INVALID_ARGUMENT, "table=NULL");
   CHECK(m == NULL && a == NULL && e == NULL, "no layer on failure");
   float shard[16];
-  CHECK_STATUS(dtl_tp_weight_shard_column(E.ctx, NULL, 4, 4, shard), DTL_ERR_INVALID_ARGUMENT, "w=NULL");
-  CHECK_STATUS(dtl_tp_weight_shard_row(E.ctx, w, -1, 4, shard), DTL_ERR_INVALID_ARGUMENT, "-1");
+  CHECK_ERROR(dtl_tp_weight_shard_column(E.ctx, NULL, 4, 4, shard), DTL_ERR_INVALID_ARGUMENT, "w=NULL");
+  CHECK_ERROR(dtl_tp_weight_shard_row(E.ctx, w, -1, 4, shard), DTL_ERR_INVALID_ARGUMENT, "-1");
   /* Contexts. */
   dtl_tp_context *c = NULL;
-  CHECK_STATUS(dtl_tp_context_create(E.mesh, 5, NULL, &c), DTL_ERR_INVALID_ARGUMENT, "tp_dim=5");
+  CHECK_ERROR(dtl_tp_context_create(E.mesh, 5, NULL, &c), DTL_ERR_INVALID_ARGUMENT, "tp_dim=5");
   dtl_tp_options o = {.mask = DTL_TP_OPT_DTYPE, .dtype = DTL_INT32};
-  CHECK_STATUS(dtl_tp_context_create(E.mesh, 0, &o, &c), DTL_ERR_INVALID_ARGUMENT, "dtype=i32");
+  CHECK_ERROR(dtl_tp_context_create(E.mesh, 0, &o, &c), DTL_ERR_INVALID_ARGUMENT, "dtype=i32");
   dtl_mesh *abstract = NULL;
   int shape = 2;
   CHECK_OK(dtl_mesh_create_abstract(1, &shape, NULL, &abstract));
-  CHECK_STATUS(dtl_tp_context_create(abstract, 0, NULL, &c), DTL_ERR_INVALID_ARGUMENT, "abstract");
+  CHECK_ERROR(dtl_tp_context_create(abstract, 0, NULL, &c), DTL_ERR_INVALID_ARGUMENT, "abstract");
   dtl_mesh_destroy(abstract);
   /* Host layers compute in f32: an f16 context may shard and communicate, not run layers. */
   o.dtype = DTL_FLOAT16;
   CHECK_OK(dtl_tp_context_create(E.mesh, dtl_mesh_ndim(E.mesh) - 1, &o, &c));
   lp.kind = DTL_TP_COLUMN;
   lp.mask = 0;
-  CHECK_STATUS(dtl_tp_linear_create(c, &lp, &l), DTL_ERR_UNSUPPORTED, "f16");
+  CHECK_ERROR(dtl_tp_linear_create(c, &lp, &l), DTL_ERR_UNSUPPORTED, "f16");
   dtl_tp_context_destroy(c);
 }
 
 static void token_ids_outside_the_vocabulary_name_the_id_and_position(void) {
-  t_case = __func__;
   int64_t V = 11, H = 3;
   float *table = t_ints(5, V * H, 3), y[64];
   dtl_tp_embedding *e = NULL;
@@ -165,10 +161,10 @@ static void token_ids_outside_the_vocabulary_name_the_id_and_position(void) {
   CHECK_OK(dtl_tp_embedding_create(E.ctx, &p, &e));
   int64_t ids[5] = {1, 2, 3, 11, 0}, neg[2] = {-1, 4};
   fill(y, 64);
-  CHECK_STATUS(dtl_tp_embedding_forward(e, 5, ids, y), DTL_ERR_INVALID_ARGUMENT, "ids[3]=11");
+  CHECK_ERROR(dtl_tp_embedding_forward(e, 5, ids, y), DTL_ERR_INVALID_ARGUMENT, "ids[3]=11");
   CHECK(strstr(dtl_last_error(), "0..10") != NULL, "names the valid range: %s", dtl_last_error());
-  CHECK_STATUS(dtl_tp_embedding_forward(e, 2, neg, y), DTL_ERR_INVALID_ARGUMENT, "ids[0]=-1");
-  CHECK_STATUS(dtl_tp_embedding_forward(e, 2, NULL, y), DTL_ERR_INVALID_ARGUMENT, "ids=NULL");
+  CHECK_ERROR(dtl_tp_embedding_forward(e, 2, neg, y), DTL_ERR_INVALID_ARGUMENT, "ids[0]=-1");
+  CHECK_ERROR(dtl_tp_embedding_forward(e, 2, NULL, y), DTL_ERR_INVALID_ARGUMENT, "ids=NULL");
   CHECK(untouched(y, 64), "y untouched");
   /* The layer still works after the rejections (no collective was left half-done). */
   ids[3] = 10;
@@ -179,7 +175,6 @@ static void token_ids_outside_the_vocabulary_name_the_id_and_position(void) {
 }
 
 static void topk_rejects_k_outside_one_to_vocab(void) {
-  t_case = __func__;
   int64_t T = 2, V = 5, v0, vn;
   t_chunk(V, E.tp, E.rank, &v0, &vn);
   float lg[10] = {0};
@@ -189,21 +184,22 @@ static void topk_rejects_k_outside_one_to_vocab(void) {
   dtl_layout *l = NULL, *r = NULL;
   CHECK_OK(dtl_tp_activation_layout(E.ctx, T, V, dtl_shard(1), &l));
   CHECK_OK(dtl_tp_activation_layout(E.ctx, T, V, dtl_replicate(), &r));
-  CHECK_STATUS(dtl_tp_logits_topk(E.ctx, l, lg, 0, vals, idx), DTL_ERR_INVALID_ARGUMENT, "k=0");
-  CHECK_STATUS(dtl_tp_logits_topk(E.ctx, l, lg, 6, vals, idx), DTL_ERR_INVALID_ARGUMENT, "k=6 (expected 1..vocab=5)");
-  CHECK_STATUS(dtl_tp_logits_topk(E.ctx, l, lg, 1, vals, NULL), DTL_ERR_INVALID_ARGUMENT, "indices=NULL");
-  CHECK_STATUS(dtl_tp_logits_argmax(E.ctx, r, lg, idx), DTL_ERR_MISMATCH, "logits_layout");
+  CHECK_ERROR(dtl_tp_logits_topk(E.ctx, l, lg, 0, vals, idx), DTL_ERR_INVALID_ARGUMENT, "k=0");
+  CHECK_ERROR(dtl_tp_logits_topk(E.ctx, l, lg, 6, vals, idx), DTL_ERR_INVALID_ARGUMENT, "k=6 (expected 1..vocab=5)");
+  CHECK_ERROR(dtl_tp_logits_topk(E.ctx, l, lg, 1, vals, NULL), DTL_ERR_INVALID_ARGUMENT, "indices=NULL");
+  CHECK_ERROR(dtl_tp_logits_argmax(E.ctx, r, lg, idx), DTL_ERR_MISMATCH, "logits_layout");
   for (int i = 0; i < 16; i++) CHECK(idx[i] == -7, "indices untouched");
   dtl_layout_destroy(l);
   dtl_layout_destroy(r);
 }
 
 int main(int argc, char **argv) {
-  t_setup(argc, argv, &E);
-  heads_that_cannot_be_split_are_rejected_with_the_numbers();
-  layouts_that_differ_from_what_a_layer_takes_are_a_mismatch();
-  null_weights_and_missing_arguments_are_named();
-  token_ids_outside_the_vocabulary_name_the_id_and_position();
-  topk_rejects_k_outside_one_to_vocab();
-  return t_finish(&E);
+  t_setup(&argc, &argv, &E);
+  RUN(heads_that_cannot_be_split_are_rejected_with_the_numbers);
+  RUN(layouts_that_differ_from_what_a_layer_takes_are_a_mismatch);
+  RUN(null_weights_and_missing_arguments_are_named);
+  RUN(token_ids_outside_the_vocabulary_name_the_id_and_position);
+  RUN(topk_rejects_k_outside_one_to_vocab);
+  t_teardown(&E);
+  return dt_finish();
 }

@@ -5,7 +5,7 @@
  * layers, the communication halves, the embedding and top-k; the blocks with SiLU/GELU/softmax use a
  * tolerance of 1e-5 x (1 + max |ref|). Uneven sizes everywhere: out/in/ffn/vocab not divisible by tp, odd
  * token counts for sequence parallelism, kv heads replicated when tp > kv_heads. */
-#include "tp_oracle.h"
+#include "tp_env.h"
 #include "common/half.h"
 
 static t_env E;
@@ -28,7 +28,6 @@ static dtl_layout *act(int64_t T, int64_t F, dtl_placement p) {
 
 /* ---------------------------------------------------------------------------------------------------- */
 static void weight_shards_follow_torch_chunk_and_keep_heads_whole(void) {
-  t_case = __func__;
   int64_t dims[] = {1, 3, 5, 7, 8};
   for (int a = 0; a < 5; a++)
     for (int b = 0; b < 5; b++) {
@@ -94,7 +93,6 @@ static int heads_valid(int64_t Hq, int64_t Hkv, int tp) {
 }
 
 static void attention_heads_partition_q_heads_and_replicate_kv_when_tp_exceeds_kv_heads(void) {
-  t_case = __func__;
   int64_t cfg[][2] = {{4, 4}, {8, 2}, {12, 1}, {6, 3}, {10, 5}, {8, 8}, {16, 4}};
   for (unsigned c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
     int64_t Hq = cfg[c][0], Hkv = cfg[c][1], g = Hq / Hkv;
@@ -131,7 +129,6 @@ static void attention_heads_partition_q_heads_and_replicate_kv_when_tp_exceeds_k
 
 /* ---------------------------------------------------------------------------------------------------- */
 static void column_linear_with_uneven_out_matches_dense_exactly(void) {
-  t_case = __func__;
   int64_t in = 5, outs[] = {7, 3, 9};
   for (int oi = 0; oi < 3; oi++)
     for (int mode = 0; mode < 3; mode++) { /* 0: R -> S(1), 1: R -> R (gathered), 2: S(0) -> S(1) (sequence parallel) */
@@ -162,7 +159,6 @@ static void column_linear_with_uneven_out_matches_dense_exactly(void) {
 }
 
 static void row_linear_with_uneven_in_matches_dense_exactly_and_adds_bias_once(void) {
-  t_case = __func__;
   int64_t out = 5, ins[] = {7, 2, 10};
   for (int ii = 0; ii < 3; ii++)
     for (int sp = 0; sp < 2; sp++) {
@@ -192,7 +188,6 @@ static void row_linear_with_uneven_in_matches_dense_exactly_and_adds_bias_once(v
 }
 
 static void communication_halves_move_exactly_what_the_layers_move(void) {
-  t_case = __func__;
   int64_t T = 5, F = 7, t0, tn, f0, fn;
   t_chunk(T, E.tp, E.rank, &t0, &tn);
   t_chunk(F, E.tp, E.rank, &f0, &fn);
@@ -235,7 +230,6 @@ static void communication_halves_move_exactly_what_the_layers_move(void) {
 
 /* The halves only copy and communicate, so they take the half types too (the bias adds in f32). */
 static void communication_halves_carry_f16_and_bf16_with_a_bias(void) {
-  t_case = __func__;
   int64_t T = 5, F = 3, t0, tn;
   t_chunk(T, E.tp, E.rank, &t0, &tn);
   for (int bf = 0; bf < 2; bf++) {
@@ -263,7 +257,6 @@ static void communication_halves_carry_f16_and_bf16_with_a_bias(void) {
 
 /* ---------------------------------------------------------------------------------------------------- */
 static void mlp_block_matches_dense_with_uneven_ffn_and_odd_tokens(void) {
-  t_case = __func__;
   int64_t H = 12, F = 10;
   for (int gated = 0; gated < 2; gated++)
     for (int sp = 0; sp < 2; sp++)
@@ -293,7 +286,6 @@ static void mlp_block_matches_dense_with_uneven_ffn_and_odd_tokens(void) {
 }
 
 static void attention_block_matches_dense_with_gqa_and_replicated_kv_heads(void) {
-  t_case = __func__;
   int64_t cfg[][3] = {{4, 4, 3}, {8, 2, 2}, {12, 1, 2}, {6, 3, 4}, {10, 5, 2}};
   int64_t H = 8;
   for (unsigned c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
@@ -347,7 +339,6 @@ static void attention_block_matches_dense_with_gqa_and_replicated_kv_heads(void)
 
 /* ---------------------------------------------------------------------------------------------------- */
 static void vocab_parallel_embedding_is_exact_with_uneven_vocab(void) {
-  t_case = __func__;
   int64_t V = 11, H = 6;
   float *table = t_ints(seed(71), V * H, 100);
   for (int sp = 0; sp < 2; sp++) {
@@ -390,7 +381,6 @@ static void dense_topk(const float *row, int64_t V, int k, int64_t *idx) {
 }
 
 static void topk_and_argmax_over_sharded_logits_break_ties_by_lowest_index(void) {
-  t_case = __func__;
   int64_t T = 6, V = 13, v0, vn;
   float *lg = t_ints(seed(81), T * V, 2); /* values in -2..2: many ties inside and across shards */
   for (int64_t v = 0; v < V; v++) lg[0 * V + v] = 1.0f;       /* token 0: all equal */
@@ -427,7 +417,6 @@ static void topk_and_argmax_over_sharded_logits_break_ties_by_lowest_index(void)
 }
 
 static void lm_head_column_parallel_then_argmax_equals_dense_argmax(void) {
-  t_case = __func__;
   int64_t T = 4, H = 6, V = 23;
   float *w = t_ints(seed(91), V * H, 2), *x = t_ints(seed(92), T * H, 2);
   double *ref = malloc(sizeof(double) * (size_t)(T * V));
@@ -453,17 +442,18 @@ static void lm_head_column_parallel_then_argmax_equals_dense_argmax(void) {
 }
 
 int main(int argc, char **argv) {
-  t_setup(argc, argv, &E);
-  weight_shards_follow_torch_chunk_and_keep_heads_whole();
-  attention_heads_partition_q_heads_and_replicate_kv_when_tp_exceeds_kv_heads();
-  column_linear_with_uneven_out_matches_dense_exactly();
-  row_linear_with_uneven_in_matches_dense_exactly_and_adds_bias_once();
-  communication_halves_move_exactly_what_the_layers_move();
-  communication_halves_carry_f16_and_bf16_with_a_bias();
-  mlp_block_matches_dense_with_uneven_ffn_and_odd_tokens();
-  attention_block_matches_dense_with_gqa_and_replicated_kv_heads();
-  vocab_parallel_embedding_is_exact_with_uneven_vocab();
-  topk_and_argmax_over_sharded_logits_break_ties_by_lowest_index();
-  lm_head_column_parallel_then_argmax_equals_dense_argmax();
-  return t_finish(&E);
+  t_setup(&argc, &argv, &E);
+  RUN(weight_shards_follow_torch_chunk_and_keep_heads_whole);
+  RUN(attention_heads_partition_q_heads_and_replicate_kv_when_tp_exceeds_kv_heads);
+  RUN(column_linear_with_uneven_out_matches_dense_exactly);
+  RUN(row_linear_with_uneven_in_matches_dense_exactly_and_adds_bias_once);
+  RUN(communication_halves_move_exactly_what_the_layers_move);
+  RUN(communication_halves_carry_f16_and_bf16_with_a_bias);
+  RUN(mlp_block_matches_dense_with_uneven_ffn_and_odd_tokens);
+  RUN(attention_block_matches_dense_with_gqa_and_replicated_kv_heads);
+  RUN(vocab_parallel_embedding_is_exact_with_uneven_vocab);
+  RUN(topk_and_argmax_over_sharded_logits_break_ties_by_lowest_index);
+  RUN(lm_head_column_parallel_then_argmax_equals_dense_argmax);
+  t_teardown(&E);
+  return dt_finish();
 }

@@ -1,95 +1,13 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* The test harness of the TP tests: mesh set-up from the command line (--data D makes a D x (np/D)
- * data x tensor mesh; --tp-first makes it (np/D) x D with the TP dim first), a failure counter that every
- * rank agrees on, deterministic generators, an independent torch.chunk, and dense double-precision oracles
- * of every layer. */
+/* What the TP tests compute on their own: deterministic generators, an independent torch.chunk, and dense
+ * double-precision oracles of every layer. */
 #ifndef DTL_TP_ORACLE_H
 #define DTL_TP_ORACLE_H
 
 #include <math.h>
-#include <mpi.h>
-#include <stdio.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include "dtl.h"
-#include "dtl/mpi.h"
-
-static int t_fail;
-static int t_world_rank;
-static const char *t_case = "";
-
-#define CHECK(cond, ...)                                                            \
-  do {                                                                              \
-    if (!(cond)) {                                                                  \
-      t_fail++;                                                                     \
-      fprintf(stderr, "[rank %d] %s:%d %s: CHECK(%s) failed: ", t_world_rank, __FILE__, __LINE__, t_case, #cond); \
-      fprintf(stderr, __VA_ARGS__);                                                 \
-      fprintf(stderr, " (last error: %s)\n", dtl_last_error());                     \
-    }                                                                               \
-  } while (0)
-#define CHECK_OK(expr)                                                              \
-  do {                                                                              \
-    dtl_status s_ = (expr);                                                         \
-    CHECK(s_ == DTL_OK, "%s returned %s", #expr, dtl_status_name(s_));              \
-  } while (0)
-#define CHECK_STATUS(expr, want, text)                                              \
-  do {                                                                              \
-    dtl_status s_ = (expr);                                                         \
-    CHECK(s_ == (want), "%s returned %s, expected %s", #expr, dtl_status_name(s_), dtl_status_name(want)); \
-    CHECK(strstr(dtl_last_error(), (text)) != NULL, "message '%s' lacks '%s'", dtl_last_error(), (text)); \
-  } while (0)
-
-typedef struct {
-  dtl_comm *world;
-  dtl_mesh *mesh;
-  dtl_tp_context *ctx;
-  int tp_dim, tp, rank, data, data_coord;
-} t_env;
-
-static inline void t_setup(int argc, char **argv, t_env *env) {
-  MPI_Init(&argc, &argv);
-  MPI_Comm_rank(MPI_COMM_WORLD, &t_world_rank);
-  int np;
-  MPI_Comm_size(MPI_COMM_WORLD, &np);
-  int data = 1, tp_first = 0;
-  for (int i = 1; i < argc; i++) {
-    if (i + 1 < argc && !strcmp(argv[i], "--data")) data = atoi(argv[i + 1]);
-    if (!strcmp(argv[i], "--tp-first")) tp_first = 1;
-  }
-  if (data < 1 || np % data) {
-    if (t_world_rank == 0) fprintf(stderr, "--data %d does not divide %d ranks\n", data, np);
-    MPI_Abort(MPI_COMM_WORLD, 2);
-  }
-  memset(env, 0, sizeof *env);
-  if (dtl_comm_from_mpi(MPI_COMM_WORLD, &env->world) != DTL_OK) MPI_Abort(MPI_COMM_WORLD, 2);
-  int shape[2] = {tp_first ? np / data : data, tp_first ? data : np / data};
-  if (data > 1) {
-    if (dtl_mesh_create(env->world, 2, shape, &env->mesh) != DTL_OK) MPI_Abort(MPI_COMM_WORLD, 2);
-  } else if (dtl_mesh_create(env->world, 1, &np, &env->mesh) != DTL_OK) {
-    MPI_Abort(MPI_COMM_WORLD, 2);
-  }
-  int tp_dim = data > 1 && !tp_first ? 1 : 0;
-  if (dtl_tp_context_create(env->mesh, tp_dim, NULL, &env->ctx) != DTL_OK) MPI_Abort(MPI_COMM_WORLD, 2);
-  env->tp_dim = tp_dim;
-  env->tp = dtl_tp_context_size(env->ctx);
-  env->rank = dtl_tp_context_rank(env->ctx);
-  env->data = data;
-  int coord[2] = {0, 0};
-  dtl_mesh_coord(env->mesh, coord);
-  env->data_coord = data > 1 ? coord[1 - tp_dim] : 0;
-}
-
-/* Every rank returns the same verdict: 0 when no rank failed. */
-static inline int t_finish(t_env *env) {
-  int total = 0;
-  MPI_Allreduce(&t_fail, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-  if (t_world_rank == 0) printf("%s: %d failed checks (tp=%d, data=%d)\n", total ? "FAIL" : "PASS", total, env->tp, env->data);
-  dtl_tp_context_destroy(env->ctx);
-  dtl_mesh_destroy(env->mesh);
-  dtl_comm_destroy(env->world);
-  MPI_Finalize();
-  return total ? 1 : 0;
-}
 
 /* torch.chunk, written independently of dtl: chunks of ceil(n/k), the tail takes the rest. */
 static inline void t_chunk(int64_t n, int k, int i, int64_t *off, int64_t *cnt) {

@@ -323,54 +323,67 @@ static void dtl__place(const dtl__ex_step *ex, int n, int start, size_t dst_cap,
 }
 
 
-/* Side w (0: before, 1: after) of step s's peer table: every peer's box by the one box rule (dtl__local_box),
- * kept on the dim the mesh dim shards there. */
+/* Side w (0: before, 1: after) of step s's peer table. The step's mesh dim makes the innermost split of the
+ * tensor dim it shards on that side (dtl__plan_check), so every peer's range there is torch.chunk of one parent
+ * range, the one that this rank's box has with that split undone; the other dims are this rank's. */
 static void dtl__peer_table(const dtl_plan *p, const dtl__plan_step *s, dtl__ex_step *e, int w, int64_t *ext,
                             int64_t *off, size_t *count) {
   const dtl_mesh *mesh = p->src.mesh;
-  int nd = p->src.ndim;
-  const dtl_placement *pl = w ? s->after : s->before;
-  int coord[DTL_MAX_MESH_DIMS];
-  memcpy(coord, mesh->coord, sizeof coord);
-  int64_t bs[DTL_MAX_TENSOR_DIMS], bo[DTL_MAX_TENSOR_DIMS];
+  int nd = p->src.ndim, d = -1;
+  dtl_placement pl[DTL_MAX_MESH_DIMS];
+  memcpy(pl, w ? s->after : s->before, sizeof pl);
   dtl__ex_peers *q = &e->peers[w];
-  q->dim = pl[e->m].kind == DTL_SHARD ? pl[e->m].dim : -1;
-  for (int k = 0; k < e->g; k++) {
-    coord[e->m] = k;
-    dtl__local_box(mesh, nd, p->src.shape, pl, coord, bs, bo);
-    ext[k] = q->dim >= 0 ? bs[q->dim] : 0;
-    off[k] = q->dim >= 0 ? bo[q->dim] : 0;
-    count[k] = dtl__box_count(nd, bs);
-  }
   q->ext = ext;
   q->off = off;
   q->count = count;
+  if (pl[e->m].kind == DTL_SHARD) {
+    d = pl[e->m].dim;
+    pl[e->m] = dtl_replicate();
+  }
+  q->dim = d;
+  int64_t ps[DTL_MAX_TENSOR_DIMS], po[DTL_MAX_TENSOR_DIMS];
+  dtl__local_box(mesh, nd, p->src.shape, pl, mesh->coord, ps, po);
+  size_t rest = 1; /* elements of a peer's box per index of dim d */
+  for (int k = 0; k < nd; k++) rest *= k == d ? 1 : (size_t)ps[k];
+  for (int k = 0; k < e->g; k++) {
+    ext[k] = off[k] = 0;
+    if (d >= 0) {
+      dtl__chunk(ps[d], e->g, k, &off[k], &ext[k]);
+      off[k] += po[d];
+    }
+    count[k] = rest * (size_t)(d >= 0 ? ext[k] : 1);
+  }
+}
+
+/* Extent on dim of peer k's box on side w. */
+static int64_t dtl__peer_extent(const dtl__ex_step *e, int w, int k, int dim) {
+  return dim == e->peers[w].dim ? e->peers[w].ext[k] : (w ? e->out_shape : e->in_shape)[dim];
+}
+
+/* dtl__split_is_contiguous for peer k's box on side w. */
+static bool dtl__peer_split_contiguous(const dtl__ex_step *e, int w, int k, int d) {
+  if (e->peers[w].count[k] == 0) return true;
+  for (int x = 0; x < d; x++)
+    if (dtl__peer_extent(e, w, k, x) > 1) return false;
+  return true;
 }
 
 /* The group's facts of a communicating step (see dtl__ex_step), from its peer tables. */
-static void dtl__group_facts(dtl__ex_step *e, int nd) {
+static void dtl__group_facts(dtl__ex_step *e) {
   e->total = 0;
   for (int k = 0; k < e->g; k++) e->total += e->peers[0].count[k];
   if (e->op != EX_ALL_TO_ALL) return;
-  int64_t ps[DTL_MAX_TENSOR_DIMS], po[DTL_MAX_TENSOR_DIMS];
-  size_t in0 = 0, out0 = 0;
   int from = e->peers[0].dim, to = e->peers[1].dim;
   e->rows = 1;
   e->even = from != to;
   e->scattered = false;
   for (int k = 0; k < e->g; k++) {
-    dtl__ex_peer_box(e, nd, 1, k, ps, po);
-    size_t outk = dtl__box_count(nd, ps);
-    if (k == 0) out0 = outk;
-    e->even = e->even && outk == out0;
-    e->scattered = e->scattered || !dtl__split_is_contiguous(nd, ps, from);
-    if (e->crows && e->cmode != 1 && ps[e->cdim] > e->rows) e->rows = ps[e->cdim];
-    dtl__ex_peer_box(e, nd, 0, k, ps, po);
-    size_t ink = dtl__box_count(nd, ps);
-    if (k == 0) in0 = ink;
-    e->even = e->even && ink == in0;
-    e->scattered = e->scattered || !dtl__split_is_contiguous(nd, ps, to);
-    if (e->crows && e->cmode == 1 && ps[e->cdim] > e->rows) e->rows = ps[e->cdim];
+    e->even = e->even && e->peers[1].count[k] == e->peers[1].count[0] && e->peers[0].count[k] == e->peers[0].count[0];
+    e->scattered = e->scattered || !dtl__peer_split_contiguous(e, 1, k, from) || !dtl__peer_split_contiguous(e, 0, k, to);
+    if (e->crows) {
+      int64_t r = dtl__peer_extent(e, e->cmode == 1 ? 0 : 1, k, e->cdim);
+      if (r > e->rows) e->rows = r;
+    }
   }
 }
 
@@ -392,39 +405,43 @@ static bool dtl__ex_communicates(dtl__ex_op op) {
  * With src_local == dst_local (purely local plans) the need may differ; dtl_plan_workspace_bytes covers both. */
 dtl_status dtl__plan_compile(const char *fn, dtl_plan *p) {
   DTL_TRY(dtl__plan_check(fn, p));
-  dtl__ex_step ex[DTL__MAX_PLAN_STEPS];
-  dtl__analyze(p, ex);
-  int n = p->nsteps, nd = p->src.ndim, comm_steps = 0, gmax = 1;
-  size_t words = 0;
+  const dtl_mesh *mesh = p->src.mesh;
+  int n = p->nsteps, gmax = 1;
+  size_t words = 0; /* peer tables: two sides of extents, offsets and counts per collective that has peers */
   for (int k = 0; k < n; k++) {
-    if (!dtl__ex_communicates(ex[k].op)) continue;
-    comm_steps++;
-    if (ex[k].g > gmax) gmax = ex[k].g;
-    if (ex[k].op != EX_ALL_REDUCE) words += 6 * (size_t)ex[k].g; /* two sides of extents, offsets, counts */
+    int g = mesh->shape[p->steps[k].mesh_dim];
+    dtl__step_kind kind = p->steps[k].kind;
+    if (g == 1 || kind == DTL__STEP_LOCAL_SLICE || kind == DTL__STEP_LOCAL_PARTIAL) continue;
+    if (g > gmax) gmax = g;
+    if (kind != DTL__STEP_ALL_REDUCE) words += 6 * (size_t)g;
   }
-  words += 5 * (size_t)gmax;
-  struct dtl__plan_exec *x = dtl__calloc(1, sizeof *x + words * sizeof(int64_t));
+  size_t head = sizeof(struct dtl__plan_exec) + sizeof(dtl__ex_step) * (size_t)n;
+  head = (head + sizeof(int64_t) - 1) / sizeof(int64_t) * sizeof(int64_t);
+  struct dtl__plan_exec *x = dtl__malloc(head + (5 * (size_t)gmax + words) * sizeof(int64_t));
   if (!x) return dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory for the compiled plan");
-  memcpy(x->ex, ex, sizeof(dtl__ex_step) * (size_t)n);
-  x->comm_steps = comm_steps;
+  dtl__analyze(p, x->ex);
+  x->comm_steps = 0;
   x->gmax = gmax;
-  x->counts = (size_t *)(x + 1);
+  x->counts = (size_t *)((char *)x + head);
   int64_t *w = (int64_t *)(x->counts + 5 * (size_t)gmax);
   for (int k = 0; k < n; k++) {
     dtl__ex_step *e = &x->ex[k];
-    if (!dtl__ex_communicates(e->op) || e->op == EX_ALL_REDUCE) continue;
+    if (!dtl__ex_communicates(e->op)) continue;
+    x->comm_steps++;
+    if (e->op == EX_ALL_REDUCE) continue;
     for (int side = 0; side < 2; side++, w += 3 * (size_t)e->g)
       dtl__peer_table(p, &p->steps[k], e, side, w, w + e->g, (size_t *)(w + 2 * (size_t)e->g));
-    dtl__group_facts(e, nd);
+    dtl__group_facts(e);
   }
   size_t a0 = p->src.local_count, d0 = p->dst.local_count;
   dtl__place(x->ex, n, AT_SRC, d0, a0, d0, &x->place[0]);
   size_t scr = x->place[0].scr;
-  if (comm_steps == 0) {
+  x->place[1] = x->place[0];
+  if (x->comm_steps == 0) {
     dtl__place(x->ex, n, AT_DST, a0 > d0 ? a0 : d0, a0, d0, &x->place[1]);
     if (x->place[1].scr > scr) scr = x->place[1].scr;
   }
-  if (x->place[0].final_at == AT_NONE || (comm_steps == 0 && x->place[1].final_at == AT_NONE)) {
+  if (x->place[0].final_at == AT_NONE || x->place[1].final_at == AT_NONE) {
     dtl__free(x); /* cannot happen: staging every step in SCR is always a placement */
     return dtl__error_fn(DTL_ERR_INTERNAL, fn, "found no placement of the plan's %d steps in the buffers", n);
   }

@@ -66,9 +66,9 @@ typedef struct {
   size_t scr;
 } dtl__ex_layout;
 
-/* A plan's compiled form (one host allocation: this struct, then the count arrays, then the peer tables). */
+/* A plan's compiled form (one host allocation: this struct with its steps, then the count arrays, then the
+ * peer tables). */
 struct dtl__plan_exec {
-  dtl__ex_step ex[DTL__MAX_PLAN_STEPS];
   /* [0]: distinct source and destination buffers; [1]: src_local == dst_local, which only a plan without
    * collectives allows (comm_steps == 0; otherwise [1] is unused). */
   dtl__ex_layout place[2];
@@ -78,6 +78,7 @@ struct dtl__plan_exec {
   /* 5 x gmax per-peer counts and displacements that the runners fill chunk by chunk. A plan runs one call at a
    * time (like every call on one mesh), so one set serves every call. */
   size_t *counts;
+  dtl__ex_step ex[]; /* one per plan step */
 };
 
 /* What a runner needs beside its step. */

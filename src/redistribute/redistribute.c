@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* dtl_redistribute and the whole-tensor helpers built on it: the per-mesh plan cache (keyed by the (src,
- * dst) layout pair, so that a repeated call costs a hash lookup), the DTL_CHECK=1 cross-rank consistency
+ * dst) layout pair, so that a repeated call costs a hash lookup, with one workspace for all its plans), the DTL_CHECK=1 cross-rank consistency
  * check, dtl_distribute (dense on root -> any layout) and dtl_full_tensor (any layout -> dense everywhere). */
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +21,11 @@ typedef struct {
   dtl__plan_entry **buckets;
   size_t nbuckets, count;
   uint64_t hits, misses;
+  /* The one workspace that dtl_redistribute runs every cached plan in (calls on one mesh never overlap), grown
+   * to the largest need seen: the cache holds one scratch buffer, not one per plan. */
+  void *ws;
+  size_t ws_bytes;
+  dtl__mem ws_mem;
 } dtl__plan_cache;
 
 #define DTL__PLAN_CACHE_MAX 1024
@@ -40,6 +45,7 @@ static void dtl__plan_cache_clear(dtl__plan_cache *pc) {
 static void dtl__plan_cache_free(void *cache) {
   dtl__plan_cache *pc = cache;
   dtl__plan_cache_clear(pc);
+  if (pc->ws) dtl__mem_free(&pc->ws_mem, pc->ws);
   dtl__free(pc->buckets);
   dtl__free(pc);
 }
@@ -110,6 +116,23 @@ dtl_status dtl__plan_cached(const dtl_layout *src, const dtl_layout *dst, const 
   pc->buckets[key & (pc->nbuckets - 1)] = e;
   pc->count++;
   *out = plan;
+  return DTL_OK;
+}
+
+/* The cache's workspace, at least bytes long (grown, never shrunk). */
+static dtl_status dtl__plan_cache_workspace(const dtl_mesh *m, size_t bytes, void **out) {
+  dtl__plan_cache *pc = NULL;
+  DTL_TRY(dtl__plan_cache_of(m, &pc));
+  if (bytes > pc->ws_bytes) {
+    void *q = NULL;
+    dtl_status st = dtl__mem_alloc(&m->comm->mem, bytes, &q);
+    if (st != DTL_OK) return dtl__error_prefix(st, "dtl_redistribute: a workspace of %zu bytes", bytes);
+    if (pc->ws) dtl__mem_free(&pc->ws_mem, pc->ws);
+    pc->ws = q;
+    pc->ws_bytes = bytes;
+    pc->ws_mem = m->comm->mem;
+  }
+  *out = pc->ws;
   return DTL_OK;
 }
 
@@ -249,7 +272,10 @@ dtl_status dtl_redistribute(const dtl_layout *src, const void *src_local, const 
   if (local != DTL_OK) return local;
   const dtl_plan *plan;
   DTL_TRY(dtl__plan_cached(src, dst, &plan));
-  return dtl_plan_execute(plan, src_local, dst_local);
+  size_t need = dtl_plan_workspace_bytes(plan);
+  void *ws = NULL;
+  DTL_TRY(dtl__plan_cache_workspace(src->mesh, need, &ws));
+  return dtl_plan_execute_with_workspace(plan, src_local, dst_local, ws, need);
 }
 
 dtl_status dtl_full_tensor(const dtl_layout *l, const void *local, void *dense) {

@@ -8,7 +8,8 @@
 #include "redistribute/plan_internal.h"
 
 /* The mesh's cached plan for (src, dst), creating and caching it on a miss. The plan belongs to the cache
- * (freed with the mesh). src and dst must be valid layouts on the same mesh. */
+ * (freed with the mesh); dtl_redistribute runs it in the cache's one workspace, so it never allocates its own.
+ * src and dst must be valid layouts on the same mesh. */
 dtl_status dtl__plan_cached(const dtl_layout *src, const dtl_layout *dst, const dtl_plan **out);
 
 /* Lookups of the mesh's plan cache that found a plan, and those that had to create one. */

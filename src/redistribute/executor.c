@@ -38,8 +38,7 @@ static dtl_status dtl__own_workspace(const char *fn, const dtl_plan *p, const dt
   return DTL_OK;
 }
 
-/* own: use (and grow) the plan's workspace; otherwise ws/ws_bytes are the caller's. */
-static dtl_status dtl__plan_run(const char *fn, const dtl_plan *p, const void *src_local, void *dst_local, bool own,
+dtl_status dtl__plan_run(const char *fn, const dtl_plan *p, const void *src_local, void *dst_local, bool own,
                                 void *ws, size_t ws_bytes) {
   DTL_CHECK_ARG(p != NULL, fn, "plan=NULL");
   const dtl_mesh *mesh = p->src.mesh;

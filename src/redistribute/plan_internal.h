@@ -57,6 +57,10 @@ const char *dtl__plan_step_name(dtl__step_kind k);
  * DTL_ERR_UNSUPPORTED naming fn and the step otherwise: such a plan is never returned), derives everything an
  * execution needs on this rank, and sets p->scratch_bytes. */
 dtl_status dtl__plan_compile(const char *fn, struct dtl_plan *p);
+/* dtl_plan_execute (own: the plan's workspace) and dtl_plan_execute_with_workspace (ws, ws_bytes: the caller's),
+ * with fn naming the entry point in messages. */
+dtl_status dtl__plan_run(const char *fn, const struct dtl_plan *p, const void *src_local, void *dst_local, bool own,
+                         void *ws, size_t ws_bytes);
 /* Frees what compilation and execution attached to p (its compiled form and workspace), not p itself. */
 void dtl__plan_release(struct dtl_plan *p);
 

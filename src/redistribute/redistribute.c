@@ -275,7 +275,7 @@ dtl_status dtl_redistribute(const dtl_layout *src, const void *src_local, const 
   size_t need = dtl_plan_workspace_bytes(plan);
   void *ws = NULL;
   DTL_TRY(dtl__plan_cache_workspace(src->mesh, need, &ws));
-  return dtl_plan_execute_with_workspace(plan, src_local, dst_local, ws, need);
+  return dtl__plan_run(fn, plan, src_local, dst_local, false, ws, need);
 }
 
 dtl_status dtl_full_tensor(const dtl_layout *l, const void *local, void *dense) {

@@ -49,14 +49,14 @@ typedef struct {
 static void block_make(dtl_tp_context *ctx, block_kind kind, const dense_weights *w, int64_t tokens, int sp, block *b) {
   memset(b, 0, sizeof *b);
   b->kind = kind;
-  uint64_t mask = sp ? DTL_TP_SEQUENCE_PARALLEL : 0;
+  uint64_t flags = sp ? DTL_TP_SEQUENCE_PARALLEL : 0;
   if (kind == MLP) {
-    dtl_tp_mlp_params p = {.mask = mask, .activation = DTL_TP_ACT_SILU_GATED, .hidden = w->hidden, .ffn = w->ffn,
+    dtl_tp_mlp_params p = {.flags = flags, .activation = DTL_TP_ACT_SILU_GATED, .hidden = w->hidden, .ffn = w->ffn,
                            .gate_up = w->gate_up, .down = w->down};
     BENCH_TRY(dtl_tp_mlp_create(ctx, &p, &b->mlp));
     BENCH_TRY(dtl_tp_mlp_layouts(b->mlp, tokens, &b->in, &b->out));
   } else {
-    dtl_tp_attention_params p = {.mask = mask, .hidden = w->hidden, .q_heads = w->heads, .kv_heads = w->kv_heads,
+    dtl_tp_attention_params p = {.flags = flags, .hidden = w->hidden, .q_heads = w->heads, .kv_heads = w->kv_heads,
                                  .head_dim = w->head_dim, .qkv = w->qkv, .out = w->wo};
     BENCH_TRY(dtl_tp_attention_create(ctx, &p, &b->attn));
     BENCH_TRY(dtl_tp_attention_layouts(b->attn, tokens, &b->in, &b->out));

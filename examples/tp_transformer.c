@@ -131,17 +131,17 @@ static void compare(error *e, const float *got, const float *ref, size_t n) {
  * of tokens whose argmax differs from the dense one. */
 static int tp_layer(dtl_tp_context *ctx, const weights *w, int sp, const int64_t *ids, const float *d_attn,
                     const float *d_out, const float *d_logits, error *errors) {
-  uint64_t mask = sp ? DTL_TP_SEQUENCE_PARALLEL : 0;
+  uint64_t flags = sp ? DTL_TP_SEQUENCE_PARALLEL : 0;
   dtl_tp_embedding *emb;
   dtl_tp_attention *attn;
   dtl_tp_mlp *mlp;
   dtl_tp_linear *head;
-  dtl_tp_embedding_params ep = {.mask = mask, .vocab = VOCAB, .hidden = HID, .table = w->embed};
-  dtl_tp_attention_params ap = {.mask = mask, .hidden = HID, .q_heads = QH, .kv_heads = KVH, .head_dim = HD,
+  dtl_tp_embedding_params ep = {.flags = flags, .vocab = VOCAB, .hidden = HID, .table = w->embed};
+  dtl_tp_attention_params ap = {.flags = flags, .hidden = HID, .q_heads = QH, .kv_heads = KVH, .head_dim = HD,
                                 .qkv = w->qkv, .out = w->wo};
-  dtl_tp_mlp_params mp = {.mask = mask, .activation = DTL_TP_ACT_SILU_GATED, .hidden = HID, .ffn = FFN,
+  dtl_tp_mlp_params mp = {.flags = flags, .activation = DTL_TP_ACT_SILU_GATED, .hidden = HID, .ffn = FFN,
                           .gate_up = w->gate_up, .down = w->down};
-  dtl_tp_linear_params hp = {.mask = mask, .kind = DTL_TP_COLUMN, .in_features = HID, .out_features = VOCAB,
+  dtl_tp_linear_params hp = {.flags = flags, .kind = DTL_TP_COLUMN, .in_features = HID, .out_features = VOCAB,
                              .weight = w->head};
   TRY(dtl_tp_embedding_create(ctx, &ep, &emb));
   TRY(dtl_tp_attention_create(ctx, &ap, &attn));

@@ -2,7 +2,17 @@
 /* Communicators and the collectives of the field. A dtl_comm wraps one engine communicator (MPI on host
  * memory, NCCL on CUDA device memory, see <dtl/mpi.h> and <dtl/nccl.h>); every call below takes buffers
  * in that engine's memory. Counts are in elements of the given dtype. All ranks of the communicator must
- * make the same collective calls in the same order with compatible arguments. */
+ * make the same collective calls in the same order with compatible arguments.
+ *
+ * Threads. A communicator is used by one thread at a time, and so is everything built on it: the
+ * communicators split from it, the meshes over it (with their dim communicators and plan cache), the
+ * layouts and plans on those meshes while a call uses them, TP contexts and their layers, MoE layouts, and
+ * requests. Different communicators, with what is built on each, may be used from different threads at the
+ * same time (an NCCL one with its device current on the calling thread). An abstract mesh counts as a
+ * communicator of its own. Calls that take no dtl object (dtype and placement helpers, dtl_moe_router_topk,
+ * dtl_moe_placement_create) may run on any thread. Process-wide: the message of dtl_last_error() is kept per
+ * thread, and the logging configuration (DTL_LOG, DTL_LOG_SUBSYS, DTL_LOG_FILE) is read once per process at
+ * the first log call of any thread. dtl keeps no other global state. */
 #ifndef DTL_COMM_H
 #define DTL_COMM_H
 
@@ -15,7 +25,7 @@ extern "C" {
 typedef struct dtl_comm dtl_comm;
 
 /* Which memory a communicator's buffers live in. */
-typedef enum { DTL_MEMORY_HOST, DTL_MEMORY_DEVICE } dtl_memory;
+typedef enum { DTL_MEMORY_HOST = 0, DTL_MEMORY_DEVICE = 1 } dtl_memory;
 
 DTL_API int dtl_comm_rank(const dtl_comm *c); /* -1 for NULL */
 DTL_API int dtl_comm_size(const dtl_comm *c); /* -1 for NULL */
@@ -118,6 +128,22 @@ DTL_API dtl_status dtl_test(dtl_request *req, int *done);
 DTL_API dtl_status dtl_send(dtl_comm *c, const void *buf, size_t count, dtl_dtype t, int peer);
 /* count elements from peer; DTL_ERR_MISMATCH when peer sent fewer, DTL_ERR_COMM when it sent more. */
 DTL_API dtl_status dtl_recv(dtl_comm *c, void *buf, size_t count, dtl_dtype t, int peer);
+/* Sends send_count elements to dest and receives recv_count elements from source in one call, as
+ * MPI_Sendrecv: both transfers progress together, so every rank of a ring may shift its block to the next
+ * rank at once without ordering the calls. dest and source are ranks of c; dest may be this rank only when
+ * source is too (a message to oneself is received by the same call, a local copy that cannot deadlock). send
+ * and recv must not overlap. The message travels like dtl_send's, so the peer may use dtl_send/dtl_recv
+ * instead. DTL_ERR_MISMATCH when source sent fewer than recv_count elements, DTL_ERR_COMM when it sent more
+ * (to oneself: checked before anything is copied). On NCCL a pair's counts must agree: it cannot detect a
+ * mismatch. */
+DTL_API dtl_status dtl_sendrecv(dtl_comm *c, const void *send, size_t send_count, int dest, void *recv,
+                                size_t recv_count, int source, dtl_dtype t);
+/* The nonblocking form, for overlapping the transfer with compute (ring algorithms): checks its arguments
+ * like dtl_sendrecv, starts both transfers and stores a request that dtl_wait completes (with the count
+ * check) and dtl_test polls; send and recv belong to the operation until then. NCCL: DTL_ERR_UNSUPPORTED,
+ * since dtl_sendrecv itself only enqueues on the communicator's stream. */
+DTL_API dtl_status dtl_sendrecv_async(dtl_comm *c, const void *send, size_t send_count, int dest, void *recv,
+                                      size_t recv_count, int source, dtl_dtype t, dtl_request **req);
 
 #ifdef __cplusplus
 }

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Export macro, version and limits shared by every public dtl header. */
+/* Export macro, version, limits and the bit macro shared by every public dtl header. */
 #ifndef DTL_DEFS_H
 #define DTL_DEFS_H
 
@@ -13,6 +13,9 @@
 #endif
 
 #include "dtl/version.h"
+
+/* Bit n of a 64-bit mask or flags field of a params struct (<dtl/tp.h>, <dtl/moe.h>, <dtl/plan.h>). */
+#define DTL_BIT(n) (UINT64_C(1) << (n))
 
 /* Largest mesh and tensor ranks a layout can describe. */
 #define DTL_MAX_MESH_DIMS 4

@@ -12,7 +12,7 @@
 extern "C" {
 #endif
 
-typedef enum { DTL_REPLICATE, DTL_SHARD, DTL_PARTIAL } dtl_placement_kind;
+typedef enum { DTL_REPLICATE = 0, DTL_SHARD = 1, DTL_PARTIAL = 2 } dtl_placement_kind;
 /* dim is used by DTL_SHARD (negative counts from the end of the tensor's dims); op by DTL_PARTIAL. */
 typedef struct { dtl_placement_kind kind; int dim; dtl_reduce_op op; } dtl_placement;
 
@@ -39,7 +39,8 @@ DTL_API dtl_status dtl_layout_create(const dtl_mesh *m, dtl_dtype t, int ndim, c
                                      const dtl_placement *placements, dtl_layout **out);
 /* Same mesh, dtype and shape as l with other placements. */
 DTL_API dtl_status dtl_layout_with_placements(const dtl_layout *l, const dtl_placement *placements, dtl_layout **out);
-/* The local shard of the rank at coord (NULL = this rank): its shape and its offset in the global tensor. */
+/* The local shard of the rank at coord (NULL = this rank): its shape and its offset in the global tensor.
+ * shape and offset are optional outputs (either one alone may be asked for). */
 DTL_API dtl_status dtl_layout_local_box(const dtl_layout *l, const int *coord, int64_t *shape, int64_t *offset);
 /* Number of elements of this rank's local shard (its buffer is row-major and contiguous). */
 DTL_API size_t dtl_layout_local_count(const dtl_layout *l);

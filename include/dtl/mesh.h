@@ -1,6 +1,13 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Device meshes: an N-d grid of the ranks of a communicator, row-major, with one sub-communicator per
- * mesh dim (the ranks that differ only in that coordinate). */
+ * mesh dim (the ranks that differ only in that coordinate).
+ *
+ * const. A const dtl_mesh * (as layouts, plans and TP contexts hold it) promises that the mesh's shape, its
+ * coordinates and its communicators stay the same, not that no communication happens: the communicators a
+ * mesh refers to are separate objects, returned mutable by dtl_mesh_comm and dtl_mesh_dim_comm, and calls on
+ * const layouts (dtl_redistribute, dtl_plan_execute) run collectives on them. dtl_redistribute also fills
+ * the mesh's plan cache, a memo that is no part of the mesh's value. Both follow the thread rule of
+ * <dtl/comm.h>: one thread at a time per communicator and everything built on it. */
 #ifndef DTL_MESH_H
 #define DTL_MESH_H
 
@@ -26,7 +33,7 @@ DTL_API int dtl_mesh_dim_size(const dtl_mesh *m, int mesh_dim); /* -1 when out o
 DTL_API int dtl_mesh_size(const dtl_mesh *m);                 /* product of the shape */
 /* This rank's coordinate, ndim entries. */
 DTL_API void dtl_mesh_coord(const dtl_mesh *m, int *coord);
-/* The communicator over the mesh's ranks (the one given to dtl_mesh_create). */
+/* The communicator over the mesh's ranks (the one given to dtl_mesh_create; NULL on an abstract mesh). */
 DTL_API dtl_comm *dtl_mesh_comm(const dtl_mesh *m);
 /* The communicator along mesh_dim; its rank equals this rank's coordinate on mesh_dim. NULL out of range. */
 DTL_API dtl_comm *dtl_mesh_dim_comm(const dtl_mesh *m, int mesh_dim);

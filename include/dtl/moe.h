@@ -33,15 +33,17 @@ extern "C" {
 
 /* --- Router ------------------------------------------------------------------------------------------ */
 typedef enum {
-  DTL_MOE_SCORES_LOGITS,       /* softmax over each row first; -inf allowed (probability 0), NaN/+inf not */
-  DTL_MOE_SCORES_PROBABILITIES /* used as they are: each finite and >= 0 (rows need not sum to 1) */
+  DTL_MOE_SCORES_LOGITS = 0,       /* softmax over each row first; -inf allowed (probability 0), NaN/+inf not */
+  DTL_MOE_SCORES_PROBABILITIES = 1 /* used as they are: each finite and >= 0 (rows need not sum to 1) */
 } dtl_moe_scores;
 
-/* Fields are read only when their bit is set in mask; a zeroed struct (or NULL) means the defaults. */
-#define DTL_MOE_ROUTER_SCORES (1u << 0)      /* scores; default DTL_MOE_SCORES_LOGITS */
-#define DTL_MOE_ROUTER_RENORMALIZE (1u << 1) /* renormalize; default 0 */
+/* Fields are read only when their bit is set in mask; a zeroed struct (or NULL) means the defaults. flags
+ * selects behaviour (none defined yet: 0). A bit outside those defined is DTL_ERR_INVALID_ARGUMENT. */
+#define DTL_MOE_ROUTER_SCORES DTL_BIT(0)      /* scores; default DTL_MOE_SCORES_LOGITS */
+#define DTL_MOE_ROUTER_RENORMALIZE DTL_BIT(1) /* renormalize; default 0 */
 typedef struct {
   uint64_t mask;
+  uint64_t flags;
   dtl_moe_scores scores;
   int renormalize; /* non-zero: the kept weights of a token are divided by their sum (when it is > 0) */
 } dtl_moe_router_params;
@@ -77,8 +79,8 @@ DTL_API int dtl_moe_placement_local_expert(const dtl_moe_placement *p, int rank,
 typedef struct dtl_moe_layout dtl_moe_layout;
 
 typedef enum {
-  DTL_MOE_DROP_POSITION,   /* an expert keeps the first `capacity` pairs in (token, slot) order */
-  DTL_MOE_DROP_PROBABILITY /* an expert keeps the `capacity` highest weights, ties by (token, slot) order */
+  DTL_MOE_DROP_POSITION = 0,   /* an expert keeps the first `capacity` pairs in (token, slot) order */
+  DTL_MOE_DROP_PROBABILITY = 1 /* an expert keeps the `capacity` highest weights, ties by (token, slot) order */
 } dtl_moe_drop_policy;
 
 /* How the rows travel. PER_EXPERT runs one all-to-all-v per local-expert index (max local experts over the
@@ -87,17 +89,23 @@ typedef enum {
  * small messages, e.g. decode). AUTO picks PER_EXPERT when there is one expert per rank or the average
  * message is at least DTL_MOE_SINGLE_EXCHANGE_BYTES, SINGLE otherwise (the same choice on every rank). With at
  * most one expert per rank the two coincide and a layout reports PER_EXPERT. */
-typedef enum { DTL_MOE_EXCHANGE_AUTO, DTL_MOE_EXCHANGE_PER_EXPERT, DTL_MOE_EXCHANGE_SINGLE } dtl_moe_exchange;
+typedef enum {
+  DTL_MOE_EXCHANGE_AUTO = 0,
+  DTL_MOE_EXCHANGE_PER_EXPERT = 1,
+  DTL_MOE_EXCHANGE_SINGLE = 2
+} dtl_moe_exchange;
 #define DTL_MOE_SINGLE_EXCHANGE_BYTES (64 * 1024)
 
-#define DTL_MOE_LAYOUT_CAPACITY_FACTOR (1u << 0) /* capacity_factor; default: dropless */
-#define DTL_MOE_LAYOUT_DROP_POLICY (1u << 1)     /* drop_policy; default DTL_MOE_DROP_POSITION */
-#define DTL_MOE_LAYOUT_PAD_MULTIPLE (1u << 2)    /* pad_multiple; default 1 (no padding) */
-#define DTL_MOE_LAYOUT_EXCHANGE (1u << 3)        /* exchange; default DTL_MOE_EXCHANGE_AUTO */
-#define DTL_MOE_LAYOUT_VERIFY (1u << 4)          /* verify; default 1 */
-#define DTL_MOE_LAYOUT_COUNT_COMM (1u << 5)      /* count_comm; default: c (required when c is on device) */
+/* Field-presence bits of mask, as for the router; flags: none defined yet (0). */
+#define DTL_MOE_LAYOUT_CAPACITY_FACTOR DTL_BIT(0) /* capacity_factor; default: dropless */
+#define DTL_MOE_LAYOUT_DROP_POLICY DTL_BIT(1)     /* drop_policy; default DTL_MOE_DROP_POSITION */
+#define DTL_MOE_LAYOUT_PAD_MULTIPLE DTL_BIT(2)    /* pad_multiple; default 1 (no padding) */
+#define DTL_MOE_LAYOUT_EXCHANGE DTL_BIT(3)        /* exchange; default DTL_MOE_EXCHANGE_AUTO */
+#define DTL_MOE_LAYOUT_VERIFY DTL_BIT(4)          /* verify; default 1 */
+#define DTL_MOE_LAYOUT_COUNT_COMM DTL_BIT(5)      /* count_comm; default: c (required when c is on device) */
 typedef struct {
   uint64_t mask;
+  uint64_t flags;
   /* Capacity, as in GShard / Switch Transformer and Megatron-LM's get_capacity: per source rank and expert,
    * capacity = ceil(tokens * k / experts * capacity_factor) where tokens is this rank's token count (masked
    * slots included). Each rank drops locally, before any communication, the pairs beyond capacity that it
@@ -152,10 +160,10 @@ DTL_API dtl_moe_exchange dtl_moe_layout_exchange(const dtl_moe_layout *L);
 /* The capacity per (this rank, expert); -1 when dropless or for NULL. */
 DTL_API int64_t dtl_moe_layout_capacity(const dtl_moe_layout *L);
 /* For each local expert j (0..local_experts-1): rows[j] received (from every rank, padding excluded) and
- * offset[j], the first row of its block in the expert buffers. Either array may be NULL. */
+ * offset[j], the first row of its block in the expert buffers. rows and offset are optional outputs. */
 DTL_API dtl_status dtl_moe_layout_expert_counts(const dtl_moe_layout *L, int64_t *rows, int64_t *offset);
 /* For each global expert e (0..experts-1), this rank's (token, slot) pairs sent to it (kept[e]) and dropped
- * for capacity (dropped[e]). Masked slots count in neither. Either array may be NULL. */
+ * for capacity (dropped[e]). Masked slots count in neither. kept and dropped are optional outputs. */
 DTL_API dtl_status dtl_moe_layout_token_counts(const dtl_moe_layout *L, int64_t *kept, int64_t *dropped);
 
 /* Collective. x [tokens, hidden] -> expert_in [expert_rows, hidden], both in the communicator's memory, in

@@ -23,7 +23,8 @@
  * DTL_AVG is ncclAvg for floating types (NCCL pre-multiplies by 1/size, so rounding may differ from the
  * MPI backend in the last bit); for integer types it is an exact ncclSum followed by a division kernel
  * that truncates toward zero, as on MPI. dtl_send/dtl_recv to the own rank return DTL_ERR_UNSUPPORTED
- * (NCCL does not buffer; it would never complete). In-place all-to-all is DTL_ERR_INVALID_ARGUMENT.
+ * (NCCL does not buffer; it would never complete). dtl_sendrecv is one group of ncclSend + ncclRecv, a
+ * device copy when both peers are the own rank; dtl_sendrecv_async is DTL_ERR_UNSUPPORTED. In-place all-to-all is DTL_ERR_INVALID_ARGUMENT.
  * Counts that disagree between ranks cannot be detected by NCCL and are undefined behaviour (a hang).
  *
  * Errors. Every collective first polls ncclCommGetAsyncError; an asynchronous error (a failed peer, a

@@ -19,19 +19,22 @@ typedef struct dtl_plan dtl_plan;
  * reduce-scatter p-1, the shard less the block kept; all-to-all p-1, the larger of the bytes sent and
  * received. Bytes are the maximum over all ranks of the mesh, from the global shape (uneven shards
  * included), so every rank prices every step the same. Fields are read only when their bit is set in
- * mask; a zeroed struct means the defaults of the mesh's engine (also overridable with DTL_PLAN_TUNE). */
-#define DTL_COST_ALPHA (1u << 0)
-#define DTL_COST_BETA (1u << 1)
-#define DTL_COST_LOCAL_BETA (1u << 2)
+ * mask; a zeroed struct means the defaults of the mesh's engine (also overridable with DTL_PLAN_TUNE). flags:
+ * none defined yet (0). A bit outside those defined is DTL_ERR_INVALID_ARGUMENT. */
+#define DTL_COST_ALPHA DTL_BIT(0)
+#define DTL_COST_BETA DTL_BIT(1)
+#define DTL_COST_LOCAL_BETA DTL_BIT(2)
 typedef struct {
   uint64_t mask;
+  uint64_t flags;
   double alpha_s;
   double beta_s_per_byte;
   double local_beta_s_per_byte;
 } dtl_cost_model;
 
-/* The built-in model of an engine, every mask bit set: DTL_MEMORY_HOST is MPI (alpha 2 us, beta 1/(5 GB/s),
- * local beta 1/(10 GB/s)), DTL_MEMORY_DEVICE is NCCL (alpha 10 us, beta 1/(100 GB/s), local beta 1/(1 TB/s)).
+/* The built-in model of an engine, every mask bit set (flags 0): DTL_MEMORY_HOST is MPI (alpha 2 us, beta
+ * 1/(5 GB/s), local beta 1/(10 GB/s)), DTL_MEMORY_DEVICE is NCCL (alpha 10 us, beta 1/(100 GB/s), local beta
+ * 1/(1 TB/s)).
  * A plan starts from the model of its mesh's engine (abstract meshes: MPI), then applies the environment
  * variable DTL_PLAN_TUNE="alpha=2e-6,beta=2e-10,local_beta=1e-10" (any subset; malformed text makes plan
  * creation fail with DTL_ERR_INVALID_ARGUMENT), then the fields given to dtl_plan_create_with_cost. */
@@ -89,7 +92,8 @@ DTL_API double dtl_plan_cost(const dtl_plan *p);
 DTL_API size_t dtl_plan_scratch_bytes(const dtl_plan *p);
 DTL_API void dtl_plan_destroy(dtl_plan *p);
 
-/* Plans (cached per mesh by the (src, dst) pair, so repeated calls cost about a hash lookup) and executes. */
+/* Plans (cached per mesh by the (src, dst) pair, so repeated calls cost about a hash lookup; the cache is a
+ * memo of the const mesh, see <dtl/mesh.h>) and executes. */
 DTL_API dtl_status dtl_redistribute(const dtl_layout *src, const void *src_local, const dtl_layout *dst, void *dst_local);
 /* The dense tensor on root (read there only) -> this rank's local shard of l, for any layout; a Partial
  * placement gets the value on coordinate 0 and the identity of its op elsewhere (max/min/avg: the value). */

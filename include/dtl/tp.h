@@ -26,8 +26,9 @@
  *   the output); the exceptions are stated below: top-k/argmax return host results and wait for them, and
  *   the embedding reads its host ids before returning. The semantics are the host's in every dtype (same
  *   head mapping, causal mask, tie order, id checks); values differ only by rounding.
- * - A context and the layers made from it share one grow-only scratch space: use them from one thread at
- *   a time. All TP ranks must make the same calls in the same order with the same shapes.
+ * - A context and the layers made from it share one grow-only scratch space; like everything built on a
+ *   communicator they are used by one thread at a time (<dtl/comm.h>). All TP ranks must make the same calls
+ *   in the same order with the same shapes.
  * - Failures return a status with a message (dtl_last_error) naming the argument; argument and layout
  *   checks happen before any output is written or any collective starts. */
 #ifndef DTL_TP_H
@@ -44,9 +45,18 @@ extern "C" {
 /* ---------------------------------------------------------------------------------------------------- */
 typedef struct dtl_tp_context dtl_tp_context;
 
-#define DTL_TP_OPT_DTYPE (1u << 0) /* dtype is read (default DTL_FLOAT32) */
+/* The params structs of this header (a zeroed struct means the defaults) carry two bit fields: mask says
+ * which optional fields are read (field-presence bits), flags selects behaviour. Both use one numbering, so
+ * that a bit put in the wrong field, or in a struct that does not define it, is DTL_ERR_INVALID_ARGUMENT
+ * naming the field and the unknown bits, like any bit dtl does not define. */
+#define DTL_TP_SEQUENCE_PARALLEL DTL_BIT(0) /* flags: token-sharded S(0) input and output (see each layer) */
+#define DTL_TP_GATHER_OUTPUT DTL_BIT(1)     /* flags: column-parallel: gather the S(1) output to R */
+#define DTL_TP_SCALE DTL_BIT(2)             /* mask, attention: scale is read (default 1/sqrt(head_dim)) */
+#define DTL_TP_OPT_DTYPE DTL_BIT(3)         /* mask, options: dtype is read (default DTL_FLOAT32) */
+
 typedef struct {
-  uint64_t mask;
+  uint64_t mask;   /* DTL_TP_OPT_DTYPE */
+  uint64_t flags;  /* none defined yet: 0 */
   dtl_dtype dtype; /* element type of weights and activations: f32 on the host; f32/f16/bf16 on a device */
 } dtl_tp_options;
 
@@ -84,7 +94,8 @@ DTL_API dtl_status dtl_tp_split(const dtl_tp_context *ctx, int64_t n, dtl_tp_ran
  *   kv head r / (tp / kv_heads) (= r * kv_heads / tp) and q heads [r * q_heads / tp, (r+1) * q_heads / tp),
  *   the rule of vLLM's QKVParallelLinear (num_kv_head_replicas = tp / kv_heads; kv shard = rank / replicas,
  *   vllm/model_executor/layers/linear.py).
- * Other combinations are DTL_ERR_INVALID_ARGUMENT naming the numbers. q/kv may be NULL. */
+ * Other combinations are DTL_ERR_INVALID_ARGUMENT naming the numbers. q and kv are optional outputs (with
+ * both NULL the call checks that the heads can be split). */
 DTL_API dtl_status dtl_tp_attention_heads(const dtl_tp_context *ctx, int64_t q_heads, int64_t kv_heads,
                                           dtl_tp_range *q, dtl_tp_range *kv);
 
@@ -134,19 +145,15 @@ DTL_API dtl_status dtl_tp_sequence_gather(dtl_tp_context *ctx, const dtl_layout 
 /* and states its input and output layouts; forward checks the input layout (DTL_ERR_MISMATCH naming both */
 /* when it differs) and writes this rank's local shard of the output.                                   */
 /* ---------------------------------------------------------------------------------------------------- */
-/* Mask bits shared by the parameter structs. */
-#define DTL_TP_SEQUENCE_PARALLEL (1u << 0) /* token-sharded S(0) input and output: all-gather in, reduce-scatter out */
-#define DTL_TP_GATHER_OUTPUT (1u << 1)     /* column-parallel: gather the S(1) output to R */
-#define DTL_TP_SCALE (1u << 2)             /* attention: scale is read (default 1/sqrt(head_dim)) */
-
-typedef enum { DTL_TP_COLUMN, DTL_TP_ROW } dtl_tp_linear_kind;
+typedef enum { DTL_TP_COLUMN = 0, DTL_TP_ROW = 1 } dtl_tp_linear_kind;
 
 /* Column: weight sharded on out. Input R (S(0) with SEQUENCE_PARALLEL, all-gathered first); output S(1)
  *         ([T, out]; R with GATHER_OUTPUT). With out = vocab and no bias this is the vocab-parallel LM head.
  * Row:    weight sharded on in. Input S(1) ([T, in]); output R (all-reduce), or S(0) with
  *         SEQUENCE_PARALLEL (reduce-scatter on tokens); the bias is added once after the reduction. */
 typedef struct {
-  uint64_t mask; /* DTL_TP_SEQUENCE_PARALLEL, DTL_TP_GATHER_OUTPUT (column only) */
+  uint64_t mask;  /* no optional fields yet: 0 */
+  uint64_t flags; /* DTL_TP_SEQUENCE_PARALLEL, DTL_TP_GATHER_OUTPUT (column only) */
   dtl_tp_linear_kind kind;
   int64_t in_features, out_features;
   const void *weight; /* dense [out, in]; required */
@@ -154,20 +161,22 @@ typedef struct {
 } dtl_tp_linear_params;
 typedef struct dtl_tp_linear dtl_tp_linear;
 DTL_API dtl_status dtl_tp_linear_create(dtl_tp_context *ctx, const dtl_tp_linear_params *p, dtl_tp_linear **out);
-/* The layouts of input and output for a call with `tokens` tokens (either pointer may be NULL). */
+/* The layouts of input and output for a call with `tokens` tokens; in and out are optional outputs (the same
+ * for dtl_tp_mlp_layouts and dtl_tp_attention_layouts). */
 DTL_API dtl_status dtl_tp_linear_layouts(const dtl_tp_linear *l, int64_t tokens, dtl_layout **in, dtl_layout **out);
 DTL_API dtl_status dtl_tp_linear_forward(dtl_tp_linear *l, const dtl_layout *x_layout, const void *x, void *y);
 DTL_API void dtl_tp_linear_destroy(dtl_tp_linear *l);
 
 typedef enum {
-  DTL_TP_ACT_SILU_GATED, /* SwiGLU: silu(gate) * up, from a fused gate/up weight */
-  DTL_TP_ACT_GELU        /* exact (erf) GELU of up */
+  DTL_TP_ACT_SILU_GATED = 0, /* SwiGLU: silu(gate) * up, from a fused gate/up weight */
+  DTL_TP_ACT_GELU = 1        /* exact (erf) GELU of up */
 } dtl_tp_activation;
 
 /* MLP block: [T, hidden] -> column (gate/up) -> activation -> row (down) -> [T, hidden]. Input and output R,
  * one all-reduce; with SEQUENCE_PARALLEL both S(0), one all-gather in and one reduce-scatter out. */
 typedef struct {
-  uint64_t mask; /* DTL_TP_SEQUENCE_PARALLEL */
+  uint64_t mask;  /* no optional fields yet: 0 */
+  uint64_t flags; /* DTL_TP_SEQUENCE_PARALLEL */
   dtl_tp_activation activation;
   int64_t hidden, ffn;
   const void *gate_up;      /* SILU_GATED: fused [2 ffn, hidden] (gate rows, then up rows); GELU: [ffn, hidden] */
@@ -186,7 +195,8 @@ DTL_API void dtl_tp_mlp_destroy(dtl_tp_mlp *m);
  * h / (q_heads / kv_heads)) -> output projection row-parallel over those heads -> [T, hidden]. Layouts and
  * collectives as for the MLP block. No rotary embedding (apply it to the weights' outputs yourself). */
 typedef struct {
-  uint64_t mask; /* DTL_TP_SEQUENCE_PARALLEL, DTL_TP_SCALE */
+  uint64_t mask;  /* DTL_TP_SCALE */
+  uint64_t flags; /* DTL_TP_SEQUENCE_PARALLEL */
   int64_t hidden, q_heads, kv_heads, head_dim;
   const void *qkv;      /* fused [(q_heads + 2 kv_heads) * head_dim, hidden] */
   const void *out;      /* [hidden, q_heads * head_dim] */
@@ -210,7 +220,8 @@ DTL_API void dtl_tp_attention_destroy(dtl_tp_attention *a);
  * DTL_ERR_INVALID_ARGUMENT naming the id and its position, found before any communication or device work,
  * with y untouched. */
 typedef struct {
-  uint64_t mask; /* DTL_TP_SEQUENCE_PARALLEL */
+  uint64_t mask;  /* no optional fields yet: 0 */
+  uint64_t flags; /* DTL_TP_SEQUENCE_PARALLEL */
   int64_t vocab, hidden;
   const void *table; /* [vocab, hidden] */
 } dtl_tp_embedding_params;
@@ -227,8 +238,8 @@ DTL_API void dtl_tp_embedding_destroy(dtl_tp_embedding *e);
  * all-gather exchanges only those (T * k pairs per rank). values [T, k] (f32, host) and indices [T, k]
  * (host) get, on every rank, the k largest logits of each token in descending order; equal values are
  * ordered by lowest index (as a dense stable sort would) and NaN counts as the largest value (as torch.topk).
- * 1 <= k <= vocab. values may be NULL. On a device context the selection runs in a kernel (k rounds over
- * the rank's vocab shard: meant for small k), only the candidates are copied to the host, and the call
+ * 1 <= k <= vocab. values is an optional output. On a device context the selection runs in a kernel (k
+ * rounds over the rank's vocab shard: meant for small k), only the candidates are copied to the host, and the call
  * returns once values and indices are written (it waits for the communicator's stream). */
 DTL_API dtl_status dtl_tp_logits_topk(dtl_tp_context *ctx, const dtl_layout *logits_layout, const void *logits_local,
                                       int k, float *values, int64_t *indices);

@@ -9,7 +9,16 @@
 extern "C" {
 #endif
 
-typedef enum { DTL_FLOAT32, DTL_FLOAT64, DTL_FLOAT16, DTL_BFLOAT16, DTL_INT8, DTL_UINT8, DTL_INT32, DTL_INT64 } dtl_dtype;
+typedef enum {
+  DTL_FLOAT32 = 0,
+  DTL_FLOAT64 = 1,
+  DTL_FLOAT16 = 2,
+  DTL_BFLOAT16 = 3,
+  DTL_INT8 = 4,
+  DTL_UINT8 = 5,
+  DTL_INT32 = 6,
+  DTL_INT64 = 7
+} dtl_dtype;
 #define DTL_NUM_DTYPES 8
 
 /* Reduction operators. DTL_AVG is the sum over the ranks divided by the number of ranks: the sum is formed
@@ -18,7 +27,7 @@ typedef enum { DTL_FLOAT32, DTL_FLOAT64, DTL_FLOAT16, DTL_BFLOAT16, DTL_INT8, DT
  * is 1); floating division rounds to nearest even (transports may differ in the last bit: NCCL scales each
  * input by 1/size before summing). f16 and bf16 reductions compute each pairwise step in f32 and round the
  * result to the dtype. */
-typedef enum { DTL_SUM, DTL_PROD, DTL_MAX, DTL_MIN, DTL_AVG } dtl_reduce_op;
+typedef enum { DTL_SUM = 0, DTL_PROD = 1, DTL_MAX = 2, DTL_MIN = 3, DTL_AVG = 4 } dtl_reduce_op;
 #define DTL_NUM_REDUCE_OPS 5
 
 /* Bytes per element; 0 for a value outside the enum. */

@@ -33,6 +33,9 @@ typedef struct dtl__comm_ops {
                             const size_t *recv_counts, dtl_dtype t);
   dtl_status (*send)(dtl_comm *c, const void *buf, size_t count, dtl_dtype t, int peer);
   dtl_status (*recv)(dtl_comm *c, void *buf, size_t count, dtl_dtype t, int peer);
+  /* dest and source both this rank or both another; a self message has equal counts (comm.c checks). */
+  dtl_status (*sendrecv)(dtl_comm *c, const void *send, size_t send_count, int dest, void *recv, size_t recv_count,
+                         int source, dtl_dtype t);
   dtl_status (*barrier)(dtl_comm *c);
   /* Optional (NULL where the transport has none): an all-to-all whose blocks sit at explicit element
    * displacements. send_counts[k] elements from send + send_displs[k] go to peer k; recv_counts[k] elements
@@ -56,6 +59,8 @@ typedef struct dtl__comm_ops {
                                  dtl_request **req);
   dtl_status (*all_to_allv_async)(dtl_comm *c, const void *send, const size_t *send_counts, void *recv,
                                   const size_t *recv_counts, dtl_dtype t, dtl_request **req);
+  dtl_status (*sendrecv_async)(dtl_comm *c, const void *send, size_t send_count, int dest, void *recv,
+                               size_t recv_count, int source, dtl_dtype t, dtl_request **req);
   dtl_status (*wait)(dtl_request *req);
   dtl_status (*test)(dtl_request *req, bool *done);
 

@@ -380,3 +380,40 @@ dtl_status dtl_recv(dtl_comm *c, void *buf, size_t count, dtl_dtype t, int peer)
   DTL_TRY(dtl__args_p2p("dtl_recv", c, buf, count, t, peer));
   return c->ops->recv(c, buf, count, t, peer);
 }
+
+/* The rules of both sendrecv forms. A message to oneself is checked here in full (counts included), so that
+ * neither transport needs its own rule and a failed call writes nothing. */
+static dtl_status dtl__args_sendrecv(const char *fn, dtl_comm *c, const void *send, size_t send_count, int dest,
+                                     const void *recv, size_t recv_count, int source, dtl_dtype t) {
+  size_t sbytes, rbytes;
+  DTL_TRY(dtl__check_common(fn, c, t));
+  DTL_TRY(dtl__check_rank(fn, "dest", c, dest));
+  DTL_TRY(dtl__check_rank(fn, "source", c, source));
+  if ((dest == c->rank) != (source == c->rank))
+    return dtl__error(DTL_ERR_INVALID_ARGUMENT, "%s: dest=%d source=%d (expected both or neither to be this rank %d: "
+                      "a message to oneself is received by the same call)", fn, dest, source, c->rank);
+  DTL_TRY(dtl__check_buf(fn, "send", send, "send_count", send_count, 1, t, &sbytes));
+  DTL_TRY(dtl__check_buf(fn, "recv", recv, "recv_count", recv_count, 1, t, &rbytes));
+  if (dtl__overlap(send, sbytes, recv, rbytes))
+    return dtl__error(DTL_ERR_INVALID_ARGUMENT, "%s: send=%p (%zu bytes) and recv=%p (%zu bytes) overlap (expected "
+                      "separate buffers)", fn, send, sbytes, recv, rbytes);
+  if (dest == c->rank && send_count != recv_count) /* the status that message would bring from another rank */
+    return dtl__error(send_count < recv_count ? DTL_ERR_MISMATCH : DTL_ERR_COMM,
+                      "%s: send_count=%zu to this rank but recv_count=%zu (a message to oneself has one count)", fn,
+                      send_count, recv_count);
+  return DTL_OK;
+}
+
+dtl_status dtl_sendrecv(dtl_comm *c, const void *send, size_t send_count, int dest, void *recv, size_t recv_count,
+                        int source, dtl_dtype t) {
+  DTL_TRY(dtl__args_sendrecv("dtl_sendrecv", c, send, send_count, dest, recv, recv_count, source, t));
+  return c->ops->sendrecv(c, send, send_count, dest, recv, recv_count, source, t);
+}
+
+dtl_status dtl_sendrecv_async(dtl_comm *c, const void *send, size_t send_count, int dest, void *recv,
+                              size_t recv_count, int source, dtl_dtype t, dtl_request **req) {
+  static const char fn[] = "dtl_sendrecv_async";
+  DTL_TRY(dtl__check_async(fn, c, DTL__ASYNC(sendrecv_async), req));
+  DTL_TRY(dtl__args_sendrecv(fn, c, send, send_count, dest, recv, recv_count, source, t));
+  return c->ops->sendrecv_async(c, send, send_count, dest, recv, recv_count, source, t, req);
+}

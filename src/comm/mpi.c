@@ -369,10 +369,22 @@ static dtl_status mpi_all_to_allv_displs(dtl_comm *c, const void *send, const si
 }
 
 /* --- nonblocking ------------------------------------------------------------------------------------------ */
+/* dtl_sendrecv_async's two transfers: they complete together, and the receive's count is checked then. */
+typedef struct {
+  MPI_Request reqs[2]; /* the receive, then the send */
+  size_t recv_count;
+  int source;
+  dtl_dtype t;
+  MPI_Status recv_status; /* once both completed (done) */
+  bool done;
+} dtl__mpi_pair;
+
 /* A request and the count arrays its call's MPI request reads until it completes (4 x size ints after it). */
 struct dtl__mpi_request {
   struct dtl_request base;
   dtl__mpi_call call;
+  bool is_pair; /* a sendrecv: pair below, not call.req */
+  dtl__mpi_pair pair;
   dtl__mpi_request *next; /* in the communicator's pool */
 };
 
@@ -458,8 +470,12 @@ static dtl_status mpi_all_to_allv_async(dtl_comm *c, const void *send, const siz
   DTL__MPI_ASYNC("dtl_all_to_allv_async", mpi_all_to_allv_call(c, send, send_counts, recv, recv_counts, t, k));
 }
 
+static dtl_status dtl__mpi_pair_wait(dtl__mpi_request *r);
+static dtl_status dtl__mpi_pair_test(dtl__mpi_request *r, bool *done);
+
 static dtl_status mpi_wait(dtl_request *req) {
   dtl__mpi_request *r = (dtl__mpi_request *)req;
+  if (r->is_pair) return dtl__mpi_pair_wait(r);
   int rc = MPI_Wait(&r->call.req, MPI_STATUS_IGNORE);
   dtl_status st = DTL_OK;
   if (rc == MPI_SUCCESS) dtl__mpi_after(&r->call);
@@ -470,6 +486,7 @@ static dtl_status mpi_wait(dtl_request *req) {
 
 static dtl_status mpi_test(dtl_request *req, bool *done) {
   dtl__mpi_request *r = (dtl__mpi_request *)req;
+  if (r->is_pair) return dtl__mpi_pair_test(r, done);
   int flag = 0;
   DTL__MPI_CALL(r->call.fn, MPI_Test(&r->call.req, &flag, MPI_STATUS_IGNORE));
   *done = flag != 0;
@@ -484,16 +501,107 @@ static dtl_status mpi_send(dtl_comm *c, const void *buf, size_t count, dtl_dtype
   return DTL_OK;
 }
 
+/* DTL_ERR_MISMATCH when the completed receive of status brought fewer than count elements (more is MPI's
+ * truncation error, already a DTL_ERR_COMM). */
+static dtl_status dtl__mpi_received(const char *fn, const char *count_arg, size_t count, const char *peer_arg, int peer,
+                                    dtl_dtype t, MPI_Status *status) {
+  int got = 0;
+  DTL__MPI_CALL(fn, MPI_Get_count(status, dtl__mpi_type(t), &got));
+  if (got < 0 || (size_t)got != count)
+    return dtl__error(DTL_ERR_MISMATCH, "%s: %s=%zu but %s %d sent %d elements", fn, count_arg, count, peer_arg, peer,
+                      got);
+  return DTL_OK;
+}
+
 static dtl_status mpi_recv(dtl_comm *c, void *buf, size_t count, dtl_dtype t, int peer) {
   int n = 0;
   DTL_TRY(dtl__int_count("dtl_recv", count, &n));
   MPI_Status status;
   DTL__MPI_CALL("dtl_recv", MPI_Recv(buf, n, dtl__mpi_type(t), peer, 0, dtl__mpi_of(c)->comm, &status));
-  int got = 0;
-  DTL__MPI_CALL("dtl_recv", MPI_Get_count(&status, dtl__mpi_type(t), &got));
-  if (got != n)
-    return dtl__error(DTL_ERR_MISMATCH, "dtl_recv: count=%zu but peer %d sent %d elements", count, peer, got);
+  return dtl__mpi_received("dtl_recv", "count", count, "peer", peer, t, &status);
+}
+
+/* Both counts of a sendrecv as MPI ints. */
+static dtl_status dtl__mpi_pair_counts(const char *fn, size_t send_count, size_t recv_count, int *ns, int *nr) {
+  if (send_count > (size_t)INT_MAX || recv_count > (size_t)INT_MAX)
+    return dtl__error(DTL_ERR_UNSUPPORTED, "%s: %s=%zu exceeds INT_MAX, the largest count one MPI call takes", fn,
+                      send_count > (size_t)INT_MAX ? "send_count" : "recv_count",
+                      send_count > (size_t)INT_MAX ? send_count : recv_count);
+  *ns = (int)send_count;
+  *nr = (int)recv_count;
   return DTL_OK;
+}
+
+static dtl_status mpi_sendrecv(dtl_comm *c, const void *send, size_t send_count, int dest, void *recv,
+                               size_t recv_count, int source, dtl_dtype t) {
+  static const char fn[] = "dtl_sendrecv";
+  int ns = 0, nr = 0;
+  DTL_TRY(dtl__mpi_pair_counts(fn, send_count, recv_count, &ns, &nr));
+  MPI_Datatype dt = dtl__mpi_type(t);
+  MPI_Status status;
+  DTL__MPI_CALL(fn, MPI_Sendrecv(send, ns, dt, dest, 0, recv, nr, dt, source, 0, dtl__mpi_of(c)->comm, &status));
+  return dtl__mpi_received(fn, "recv_count", recv_count, "source", source, t, &status);
+}
+
+/* The receive is posted first, so that a message to oneself finds it. */
+static dtl_status mpi_sendrecv_async(dtl_comm *c, const void *send, size_t send_count, int dest, void *recv,
+                                     size_t recv_count, int source, dtl_dtype t, dtl_request **req) {
+  static const char fn[] = "dtl_sendrecv_async";
+  int ns = 0, nr = 0;
+  DTL_TRY(dtl__mpi_pair_counts(fn, send_count, recv_count, &ns, &nr));
+  dtl__mpi_request *r = NULL;
+  DTL_TRY(dtl__mpi_request_new(c, fn, &r));
+  r->is_pair = true;
+  r->pair = (dtl__mpi_pair){.reqs = {MPI_REQUEST_NULL, MPI_REQUEST_NULL}, .recv_count = recv_count, .source = source,
+                            .t = t};
+  MPI_Datatype dt = dtl__mpi_type(t);
+  MPI_Comm comm = dtl__mpi_of(c)->comm;
+  int rc = MPI_Irecv(recv, nr, dt, source, 0, comm, &r->pair.reqs[0]);
+  if (rc == MPI_SUCCESS) rc = MPI_Isend(send, ns, dt, dest, 0, comm, &r->pair.reqs[1]);
+  if (rc != MPI_SUCCESS) {
+    if (r->pair.reqs[0] != MPI_REQUEST_NULL) { /* withdraw the posted receive before its buffer is given back */
+      MPI_Cancel(&r->pair.reqs[0]);
+      MPI_Wait(&r->pair.reqs[0], MPI_STATUS_IGNORE);
+    }
+    dtl__mpi_request_done(r);
+    return dtl__mpi_error(fn, rc);
+  }
+  *req = &r->base;
+  return DTL_OK;
+}
+
+/* The error of a failed MPI_Waitall/MPI_Testall: the first failing request's own. */
+static dtl_status dtl__mpi_pair_error(const char *fn, int rc, const MPI_Status st[2]) {
+  if (rc == MPI_ERR_IN_STATUS) rc = st[0].MPI_ERROR != MPI_SUCCESS ? st[0].MPI_ERROR : st[1].MPI_ERROR;
+  return dtl__mpi_error(fn, rc);
+}
+
+static dtl_status dtl__mpi_pair_test(dtl__mpi_request *r, bool *done) {
+  dtl__mpi_pair *p = &r->pair;
+  if (!p->done) {
+    MPI_Status st[2];
+    int flag = 0, rc = MPI_Testall(2, p->reqs, &flag, st);
+    if (rc != MPI_SUCCESS) return dtl__mpi_pair_error(r->call.fn, rc, st);
+    p->done = flag != 0;
+    if (p->done) p->recv_status = st[0]; /* the handles are gone now: wait must not ask MPI again */
+  }
+  *done = p->done;
+  return DTL_OK;
+}
+
+static dtl_status dtl__mpi_pair_wait(dtl__mpi_request *r) {
+  dtl__mpi_pair *p = &r->pair;
+  dtl_status st = DTL_OK;
+  if (!p->done) {
+    MPI_Status sts[2];
+    int rc = MPI_Waitall(2, p->reqs, sts);
+    if (rc != MPI_SUCCESS) st = dtl__mpi_pair_error(r->call.fn, rc, sts);
+    p->recv_status = sts[0];
+  }
+  if (st == DTL_OK)
+    st = dtl__mpi_received(r->call.fn, "recv_count", p->recv_count, "source", p->source, p->t, &p->recv_status);
+  dtl__mpi_request_done(r);
+  return st;
 }
 
 static dtl_status mpi_barrier(dtl_comm *c) {
@@ -551,7 +659,8 @@ static const dtl__comm_ops dtl__mpi_ops = {
     .broadcast = mpi_broadcast, .scatter = mpi_scatter, .gather = mpi_gather, .reduce = mpi_reduce,
     .all_gather = mpi_all_gather, .all_gatherv = mpi_all_gatherv, .all_reduce = mpi_all_reduce,
     .reduce_scatter = mpi_reduce_scatter, .reduce_scatterv = mpi_reduce_scatterv, .all_to_all = mpi_all_to_all,
-    .all_to_allv = mpi_all_to_allv, .send = mpi_send, .recv = mpi_recv, .barrier = mpi_barrier,
+    .all_to_allv = mpi_all_to_allv, .send = mpi_send, .recv = mpi_recv, .sendrecv = mpi_sendrecv,
+    .sendrecv_async = mpi_sendrecv_async, .barrier = mpi_barrier,
     .all_to_allv_displs = mpi_all_to_allv_displs,
     .all_gather_async = mpi_all_gather_async, .all_gatherv_async = mpi_all_gatherv_async,
     .all_reduce_async = mpi_all_reduce_async, .reduce_scatter_async = mpi_reduce_scatter_async,

@@ -397,6 +397,22 @@ static dtl_status nccl_recv(dtl_comm *c, void *buf, size_t count, dtl_dtype t, i
   return dtl__nccl_finish(c, &s, fn, ncclRecv(buf, count, dtl__nccl_type(t), peer, n->comm, n->stream));
 }
 
+/* One group of ncclSend + ncclRecv (through the planned exchange); a message to oneself (counts equal, comm.c
+ * checked) is a device copy, since NCCL never sends to its own rank. */
+static dtl_status nccl_sendrecv(dtl_comm *c, const void *send, size_t send_count, int dest, void *recv,
+                                size_t recv_count, int source, dtl_dtype t) {
+  static const char fn[] = "dtl_sendrecv";
+  dtl__nccl_scope s;
+  DTL_TRY(dtl__nccl_begin(c, fn, &s));
+  dtl__nccl *n = dtl__nccl_of(c);
+  dtl__nccl_plan_clear(c);
+  n->send_ptr[dest] = send;
+  n->send_count[dest] = send_count;
+  n->recv_ptr[source] = recv;
+  n->recv_count[source] = recv_count;
+  return dtl__nccl_leave(&s, dtl__nccl_exchange(c, fn, t));
+}
+
 static dtl_status nccl_barrier(dtl_comm *c) {
   static const char fn[] = "dtl_barrier";
   dtl__nccl_scope s;
@@ -527,7 +543,8 @@ static const dtl__comm_ops dtl__nccl_ops = {
     .broadcast = nccl_broadcast, .scatter = nccl_scatter, .gather = nccl_gather, .reduce = nccl_reduce,
     .all_gather = nccl_all_gather, .all_gatherv = nccl_all_gatherv, .all_reduce = nccl_all_reduce,
     .reduce_scatter = nccl_reduce_scatter, .reduce_scatterv = nccl_reduce_scatterv, .all_to_all = nccl_all_to_all,
-    .all_to_allv = nccl_all_to_allv, .send = nccl_send, .recv = nccl_recv, .barrier = nccl_barrier,
+    .all_to_allv = nccl_all_to_allv, .send = nccl_send, .recv = nccl_recv, .sendrecv = nccl_sendrecv,
+    .barrier = nccl_barrier,
     .split = nccl_split, .check = nccl_check, .abort = nccl_abort, .destroy = nccl_destroy,
     .synchronize = nccl_synchronize,
 };

@@ -5,22 +5,12 @@
 #include <string.h>
 #include "common/internal.h"
 
-#define DTL_STATUS_MAP(XX)        \
-  XX(DTL_OK)                      \
-  XX(DTL_ERR_INVALID_ARGUMENT)    \
-  XX(DTL_ERR_UNSUPPORTED)         \
-  XX(DTL_ERR_OUT_OF_MEMORY)       \
-  XX(DTL_ERR_COMM)                \
-  XX(DTL_ERR_MISMATCH)            \
-  XX(DTL_ERR_CUDA)                \
-  XX(DTL_ERR_INTERNAL)
-
 static _Thread_local char dtl__message[1024];
 
 const char *dtl_status_name(dtl_status s) {
   switch (s) {
-#define XX(name) \
-  case name:     \
+#define XX(name, value, meaning) \
+  case name:                     \
     return #name;
     DTL_STATUS_MAP(XX)
 #undef XX
@@ -70,6 +60,14 @@ dtl_status dtl__error_prefix(dtl_status s, const char *fmt, ...) {
     dtl__message[n + 2 + olen] = '\0';
   }
   return s;
+}
+
+dtl_status dtl__check_bits(const char *fn, const char *field, uint64_t value, uint64_t known, const char *names) {
+  uint64_t unknown = value & ~known;
+  if (!unknown) return DTL_OK;
+  return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "%s=0x%llx has unknown bits 0x%llx (%s%s)", field,
+                       (unsigned long long)value, (unsigned long long)unknown, known ? "known: " : "none are defined",
+                       known && names ? names : "");
 }
 
 unsigned dtl_version(void) { return DTL_VERSION_HEX; }

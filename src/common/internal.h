@@ -47,6 +47,20 @@ dtl_status dtl__error_fn(dtl_status s, const char *fn, const char *fmt, ...) DTL
     if (!(cond)) return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, (fn), __VA_ARGS__); \
   } while (0)
 
+/* The mask or flags field of a params struct: bits outside known are DTL_ERR_INVALID_ARGUMENT, e.g.
+ * "dtl_tp_mlp_create: params.flags=0x10 has unknown bits 0x10 (known: DTL_TP_SEQUENCE_PARALLEL)". known and
+ * names come from DTL__BITS(DTL_A, DTL_B), which spells the bits once, or DTL__NO_BITS. */
+dtl_status dtl__check_bits(const char *fn, const char *field, uint64_t value, uint64_t known, const char *names);
+#define DTL__BITS(...)                                                                                       \
+  dtl__bits_union((const uint64_t[]){__VA_ARGS__}, sizeof((const uint64_t[]){__VA_ARGS__}) / sizeof(uint64_t)), \
+      #__VA_ARGS__
+#define DTL__NO_BITS 0, NULL
+static inline uint64_t dtl__bits_union(const uint64_t *bits, size_t n) {
+  uint64_t u = 0;
+  for (size_t i = 0; i < n; i++) u |= bits[i];
+  return u;
+}
+
 /* Overflow-checked arithmetic: false when the result does not fit. */
 static inline bool dtl__mul_size(size_t a, size_t b, size_t *out) { return !__builtin_mul_overflow(a, b, out); }
 static inline bool dtl__add_size(size_t a, size_t b, size_t *out) { return !__builtin_add_overflow(a, b, out); }

@@ -1,6 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Logging controlled by DTL_LOG (level), DTL_LOG_SUBSYS (comma list of subsystems, default all) and
- * DTL_LOG_FILE (path; %h = host, %p = pid). Read once, at the first log call. */
+ * DTL_LOG_FILE (path; %h = host, %p = pid). Read once per process, at the first log call of any thread
+ * (pthread_once, so threads working on different communicators may log from the start); each line is one
+ * stdio call, so lines of different threads never interleave. */
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,7 +17,8 @@ static struct {
   char subsys[256];
   FILE *file;
   char prefix[128];
-} dtl__log_cfg = {.level = -1};
+} dtl__log_cfg;
+static pthread_once_t dtl__log_once = PTHREAD_ONCE_INIT;
 
 static void dtl__log_init(void) {
   const char *lv = getenv("DTL_LOG");
@@ -47,7 +51,7 @@ static void dtl__log_init(void) {
 }
 
 bool dtl__log_enabled(dtl__log_level lvl) {
-  if (dtl__log_cfg.level < 0) dtl__log_init();
+  pthread_once(&dtl__log_once, dtl__log_init);
   return (int)lvl <= dtl__log_cfg.level;
 }
 

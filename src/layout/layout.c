@@ -114,7 +114,6 @@ dtl_status dtl_layout_with_placements(const dtl_layout *l, const dtl_placement *
 dtl_status dtl_layout_local_box(const dtl_layout *l, const int *coord, int64_t *shape, int64_t *offset) {
   static const char fn[] = "dtl_layout_local_box";
   DTL_CHECK_ARG(l != NULL, fn, "layout=NULL");
-  DTL_CHECK_ARG(shape != NULL || offset != NULL, fn, "shape=NULL and offset=NULL");
   int64_t s[DTL_MAX_TENSOR_DIMS], o[DTL_MAX_TENSOR_DIMS];
   if (coord) {
     for (int md = 0; md < l->mesh->ndim; md++)

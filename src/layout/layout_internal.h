@@ -6,16 +6,23 @@
 
 #include "comm/backend.h"
 
+/* What the layer above memoizes per mesh (redistribute keeps its plan cache here), freed with the mesh. It
+ * lives on the mesh rather than in a global so that dtl keeps no hidden process state. It is no part of the
+ * mesh's value: a call on a const mesh may fill it (a logically-const memo, used by one thread at a time like
+ * everything built on the mesh's communicator, see <dtl/comm.h>), which is why the mesh reaches it through a
+ * pointer. */
+typedef struct {
+  void *cache;
+  void (*cache_free)(void *cache);
+} dtl__mesh_memo;
+
 struct dtl_mesh {
   dtl_comm *comm; /* not owned; NULL for an abstract mesh */
   int ndim, size;
   int shape[DTL_MAX_MESH_DIMS];
   int coord[DTL_MAX_MESH_DIMS];
   dtl_comm *dim_comm[DTL_MAX_MESH_DIMS]; /* owned */
-  /* A cache owned by the layer above (redistribute keeps its plans here), freed with the mesh. It lives
-   * on the mesh rather than in a global so that dtl keeps no hidden process state. */
-  void *cache;
-  void (*cache_free)(void *cache);
+  dtl__mesh_memo *memo;                  /* never NULL; allocated with the mesh */
 };
 
 struct dtl_layout {

@@ -17,6 +17,17 @@ static const char *dtl__mesh_shape_text(int ndim, const int *shape, char txt[64]
   return txt;
 }
 
+/* A zeroed mesh and its memo, in one allocation (freed by dtl__free on the mesh). */
+static dtl_mesh *dtl__mesh_alloc(void) {
+  struct dtl__mesh_block {
+    dtl_mesh mesh; /* first: the block's address is the mesh's */
+    dtl__mesh_memo memo;
+  } *b = dtl__calloc(1, sizeof *b);
+  if (!b) return NULL;
+  b->mesh.memo = &b->memo;
+  return &b->mesh;
+}
+
 /* Checks ndim and shape; *prod gets the product of the shape. */
 static dtl_status dtl__mesh_check_shape(const char *fn, int ndim, const int *shape, int64_t *prod) {
   DTL_CHECK_ARG(ndim >= 1 && ndim <= DTL_MAX_MESH_DIMS, fn, "ndim=%d (expected 1..%d)", ndim, DTL_MAX_MESH_DIMS);
@@ -40,7 +51,7 @@ dtl_status dtl_mesh_create_abstract(int ndim, const int *shape, const int *coord
   DTL_TRY(dtl__mesh_check_shape(fn, ndim, shape, &prod));
   for (int d = 0; coord && d < ndim; d++)
     DTL_CHECK_ARG(coord[d] >= 0 && coord[d] < shape[d], fn, "coord[%d]=%d (expected 0..%d)", d, coord[d], shape[d] - 1);
-  dtl_mesh *m = dtl__calloc(1, sizeof *m);
+  dtl_mesh *m = dtl__mesh_alloc();
   if (!m) return dtl__error(DTL_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
   m->ndim = ndim;
   m->size = (int)prod;
@@ -65,7 +76,7 @@ dtl_status dtl_mesh_create(dtl_comm *c, int ndim, const int *shape, dtl_mesh **o
     return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "shape=%s has %lld ranks but the communicator has %d",
                          dtl__mesh_shape_text(ndim, shape, txt), (long long)prod, dtl_comm_size(c));
   }
-  dtl_mesh *m = dtl__calloc(1, sizeof *m);
+  dtl_mesh *m = dtl__mesh_alloc();
   if (!m) return dtl__error(DTL_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
   m->comm = c;
   m->size = (int)prod;
@@ -124,7 +135,7 @@ dtl_status dtl_mesh_coord_of(const dtl_mesh *m, int rank, int *coord) {
 
 void dtl_mesh_destroy(dtl_mesh *m) {
   if (!m) return;
-  if (m->cache && m->cache_free) m->cache_free(m->cache);
+  if (m->memo->cache && m->memo->cache_free) m->memo->cache_free(m->memo->cache);
   for (int d = 0; d < m->ndim; d++) dtl_comm_destroy(m->dim_comm[d]);
   dtl__free(m);
 }

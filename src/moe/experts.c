@@ -42,16 +42,17 @@ dtl_status dtl_moe_expert_scratch(const dtl_moe_expert_batch *b, size_t bytes, v
   DTL_CHECK_ARG(b != NULL, name, "batch=NULL");
   DTL_CHECK_ARG(out != NULL, name, "out=NULL");
   DTL_CHECK_ARG(b->layout != NULL, name, "batch.layout=NULL (scratch belongs to the layout of dtl_moe_experts_run)");
-  dtl_moe_layout *L = (dtl_moe_layout *)(uintptr_t)b->layout; /* the scratch is the layout's mutable part */
-  if (bytes > L->expert_ws_bytes || !L->expert_ws) {
+  const dtl_moe_layout *L = b->layout;
+  struct dtl__moe_scratch *ws = L->expert_ws;
+  if (bytes > ws->bytes || !ws->p) {
     void *p = NULL;
     dtl_status st = dtl__mem_alloc(&L->comm->mem, bytes, &p);
     if (st != DTL_OK) return dtl__error_prefix(st, "%s: %zu bytes", name, bytes);
-    if (L->expert_ws) dtl__mem_free(&L->comm->mem, L->expert_ws);
-    L->expert_ws = p;
-    L->expert_ws_bytes = bytes;
+    if (ws->p) dtl__mem_free(&L->comm->mem, ws->p);
+    ws->p = p;
+    ws->bytes = bytes;
   }
-  *out = L->expert_ws;
+  *out = ws->p;
   return DTL_OK;
 }
 

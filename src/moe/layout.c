@@ -62,9 +62,6 @@ static dtl_status dtl__resolve_comms(dtl_comm *c, const dtl_moe_layout_params *p
 }
 
 static dtl_status dtl__resolve_opts(const dtl_moe_layout_params *prm, dtl__moe_opts *o) {
-  static const uint64_t known = DTL_MOE_LAYOUT_CAPACITY_FACTOR | DTL_MOE_LAYOUT_DROP_POLICY |
-                                DTL_MOE_LAYOUT_PAD_MULTIPLE | DTL_MOE_LAYOUT_EXCHANGE | DTL_MOE_LAYOUT_VERIFY |
-                                DTL_MOE_LAYOUT_COUNT_COMM;
   o->has_capacity = false;
   o->factor = 0;
   o->policy = DTL_MOE_DROP_POSITION;
@@ -73,7 +70,11 @@ static dtl_status dtl__resolve_opts(const dtl_moe_layout_params *prm, dtl__moe_o
   o->verify = true;
   if (!prm) return DTL_OK;
   uint64_t m = prm->mask;
-  DTL_CHECK_ARG(!(m & ~known), fn, "params.mask=0x%llx has unknown bits", (unsigned long long)m);
+  DTL_TRY(dtl__check_bits(fn, "params.mask", m,
+                          DTL__BITS(DTL_MOE_LAYOUT_CAPACITY_FACTOR, DTL_MOE_LAYOUT_DROP_POLICY,
+                                    DTL_MOE_LAYOUT_PAD_MULTIPLE, DTL_MOE_LAYOUT_EXCHANGE, DTL_MOE_LAYOUT_VERIFY,
+                                    DTL_MOE_LAYOUT_COUNT_COMM)));
+  DTL_TRY(dtl__check_bits(fn, "params.flags", prm->flags, DTL__NO_BITS));
   if (m & DTL_MOE_LAYOUT_CAPACITY_FACTOR) {
     double f = prm->capacity_factor;
     DTL_CHECK_ARG(f > 0 && f <= 1e9, fn, "params.capacity_factor=%g (expected finite and > 0)", f);
@@ -127,7 +128,8 @@ static dtl_status dtl__check_local(const dtl_comm *c, const dtl_moe_placement *p
 void dtl_moe_layout_destroy(dtl_moe_layout *L) {
   if (!L) return;
   if (L->device_map) dtl__mem_free(&L->comm->mem, L->device_map);
-  if (L->expert_ws) dtl__mem_free(&L->comm->mem, L->expert_ws);
+  if (L->expert_ws && L->expert_ws->p) dtl__mem_free(&L->comm->mem, L->expert_ws->p);
+  dtl__free(L->expert_ws);
   if (L->send_buf) dtl__mem_free(&L->comm->mem, L->send_buf);
   if (L->recv_buf) dtl__mem_free(&L->comm->mem, L->recv_buf);
   dtl__free(L->local_ids);
@@ -396,7 +398,8 @@ dtl_status dtl_moe_layout_create(dtl_comm *c, const dtl_moe_placement *p, int64_
     L->local_ids = dtl__malloc(sizeof(int) * (size_t)(L->local_experts ? L->local_experts : 1));
     L->combine_in = dtl__malloc(sizeof(void *) * (size_t)k);
     L->combine_w = dtl__malloc(sizeof(float) * (size_t)k);
-    if (L->kept && L->dropped && L->weights && L->local_ids && L->combine_in && L->combine_w) {
+    L->expert_ws = dtl__calloc(1, sizeof *L->expert_ws);
+    if (L->kept && L->dropped && L->weights && L->local_ids && L->combine_in && L->combine_w && L->expert_ws) {
       memcpy(L->local_ids, p->by_rank + p->first[c->rank], sizeof(int) * (size_t)L->local_experts);
       memcpy(L->kept, route.kept, sizeof(int64_t) * (size_t)p->experts);
       memcpy(L->dropped, route.dropped, sizeof(int64_t) * (size_t)p->experts);

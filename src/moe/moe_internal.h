@@ -91,9 +91,12 @@ struct dtl_moe_layout {
   /* Host combine: one token's kept slots (k each), sized at creation. */
   const void **combine_in;
   float *combine_w;
-  /* Grow-only scratch in the communicator's memory that dtl_moe_expert_scratch hands to expert callbacks. */
-  void *expert_ws;
-  size_t expert_ws_bytes;
+  /* Grow-only scratch in the communicator's memory that dtl_moe_expert_scratch hands to expert callbacks,
+   * reached through a pointer (allocated with the layout) so that it grows through a const layout. */
+  struct dtl__moe_scratch {
+    void *p;
+    size_t bytes;
+  } *expert_ws;
   /* A device layout (communicator in device memory): one buffer, uploaded at creation, holding slot_row and
    * weights for the combine kernel and the row maps of the gather kernel (pack: x -> send staging | expert_in
    * with the padding rows zeroed; regroup: receive staging -> expert_in, run backwards by combine). */

@@ -45,11 +45,12 @@ static void dtl__topk_insert(float *val, int32_t *id, int *n, int k, float p, in
 
 dtl_status dtl_moe_router_topk(const float *scores, int64_t tokens, int experts, int k,
                                const dtl_moe_router_params *params, int32_t *ids, float *weights) {
-  static const uint64_t known = DTL_MOE_ROUTER_SCORES | DTL_MOE_ROUTER_RENORMALIZE;
   dtl_moe_scores kind = DTL_MOE_SCORES_LOGITS;
   bool renorm = false;
   if (params) {
-    DTL_CHECK_ARG(!(params->mask & ~known), fn, "params.mask=0x%llx has unknown bits", (unsigned long long)params->mask);
+    DTL_TRY(dtl__check_bits(fn, "params.mask", params->mask,
+                            DTL__BITS(DTL_MOE_ROUTER_SCORES, DTL_MOE_ROUTER_RENORMALIZE)));
+    DTL_TRY(dtl__check_bits(fn, "params.flags", params->flags, DTL__NO_BITS));
     if (params->mask & DTL_MOE_ROUTER_SCORES) kind = params->scores;
     if (params->mask & DTL_MOE_ROUTER_RENORMALIZE) renorm = params->renormalize != 0;
   }

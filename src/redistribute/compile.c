@@ -422,6 +422,8 @@ dtl_status dtl__plan_compile(const char *fn, dtl_plan *p) {
   dtl__analyze(p, x->ex);
   x->comm_steps = 0;
   x->gmax = gmax;
+  x->own = NULL;
+  x->own_bytes = 0;
   x->counts = (size_t *)((char *)x + head);
   int64_t *w = (int64_t *)(x->counts + 5 * (size_t)gmax);
   for (int k = 0; k < n; k++) {

@@ -10,8 +10,10 @@
 /* Host MPI: ~2 us per message round, ~5 GB/s per link, ~10 GB/s memcpy. NCCL: ~10 us per round (kernel
  * launch and protocol), ~100 GB/s NVLink, ~1 TB/s device memory. Orders of magnitude, not calibrations:
  * they decide between plans, and DTL_PLAN_TUNE or dtl_plan_create_with_cost fit them to a machine. */
-static const dtl_cost_model dtl__cost_mpi = {DTL__COST_ALL, 2e-6, 2e-10, 1e-10};
-static const dtl_cost_model dtl__cost_nccl = {DTL__COST_ALL, 1e-5, 1e-11, 1e-12};
+static const dtl_cost_model dtl__cost_mpi = {
+    .mask = DTL__COST_ALL, .alpha_s = 2e-6, .beta_s_per_byte = 2e-10, .local_beta_s_per_byte = 1e-10};
+static const dtl_cost_model dtl__cost_nccl = {
+    .mask = DTL__COST_ALL, .alpha_s = 1e-5, .beta_s_per_byte = 1e-11, .local_beta_s_per_byte = 1e-12};
 
 dtl_status dtl_cost_model_default(dtl_memory memory, dtl_cost_model *out) {
   static const char fn[] = "dtl_cost_model_default";
@@ -84,9 +86,9 @@ dtl_status dtl__cost_resolve(const char *fn, const dtl_mesh *mesh, const dtl_cos
   const char *tune = getenv("DTL_PLAN_TUNE");
   if (tune) DTL_TRY(dtl__cost_parse_tune(fn, tune, &m));
   if (over) {
-    DTL_CHECK_ARG((over->mask & ~(uint64_t)DTL__COST_ALL) == 0, fn,
-                  "cost->mask=0x%llx has unknown bits (expected DTL_COST_ALPHA | DTL_COST_BETA | DTL_COST_LOCAL_BETA)",
-                  (unsigned long long)over->mask);
+    DTL_TRY(dtl__check_bits(fn, "cost->mask", over->mask,
+                            DTL__BITS(DTL_COST_ALPHA, DTL_COST_BETA, DTL_COST_LOCAL_BETA)));
+    DTL_TRY(dtl__check_bits(fn, "cost->flags", over->flags, DTL__NO_BITS));
     DTL_CHECK_ARG(!(over->mask & DTL_COST_ALPHA) || dtl__cost_value_ok(over->alpha_s), fn,
                   "cost->alpha_s=%g (expected finite and >= 0)", over->alpha_s);
     DTL_CHECK_ARG(!(over->mask & DTL_COST_BETA) || dtl__cost_value_ok(over->beta_s_per_byte), fn,

@@ -10,10 +10,8 @@
 #include "redistribute/executor_internal.h"
 
 void dtl__plan_release(dtl_plan *p) {
-  if (!p) return;
-  if (p->ws) dtl__mem_free(&p->ws_mem, p->ws);
-  p->ws = NULL;
-  p->ws_bytes = 0;
+  if (!p || !p->exec) return;
+  if (p->exec->own) dtl__mem_free(&p->exec->own_mem, p->exec->own);
   dtl__free(p->exec);
   p->exec = NULL;
 }
@@ -21,20 +19,19 @@ void dtl__plan_release(dtl_plan *p) {
 size_t dtl_plan_workspace_bytes(const dtl_plan *p) { return p && p->exec ? p->exec->ws_bytes : 0; }
 
 /* The plan's own workspace, at least bytes long: grown only when a call needs more than any before it (the
- * first call, and at most once more for a purely local plan first run on distinct buffers, then in place).
- * The plan is const to callers; its workspace is its one mutable part, like the mesh's plan cache. */
-static dtl_status dtl__own_workspace(const char *fn, const dtl_plan *p, const dtl_comm *mc, size_t bytes, void **ws) {
-  dtl_plan *mp = (dtl_plan *)(uintptr_t)p;
-  if (bytes > mp->ws_bytes) {
+ * first call, and at most once more for a purely local plan first run on distinct buffers, then in place). */
+static dtl_status dtl__own_workspace(const char *fn, struct dtl__plan_exec *x, const dtl_comm *mc, size_t bytes,
+                                     void **ws) {
+  if (bytes > x->own_bytes) {
     void *q = NULL;
     dtl_status st = dtl__mem_alloc(&mc->mem, bytes, &q);
     if (st != DTL_OK) return dtl__error_prefix(st, "%s: the plan's workspace of %zu bytes", fn, bytes);
-    if (mp->ws) dtl__mem_free(&mp->ws_mem, mp->ws);
-    mp->ws = q;
-    mp->ws_bytes = bytes;
-    mp->ws_mem = mc->mem; /* a copy: the mesh may be half torn down when its cached plans are destroyed */
+    if (x->own) dtl__mem_free(&x->own_mem, x->own);
+    x->own = q;
+    x->own_bytes = bytes;
+    x->own_mem = mc->mem;
   }
-  *ws = mp->ws;
+  *ws = x->own;
   return DTL_OK;
 }
 
@@ -45,7 +42,7 @@ dtl_status dtl__plan_run(const char *fn, const dtl_plan *p, const void *src_loca
   DTL_CHECK_ARG(mesh != NULL && mesh == p->dst.mesh, fn, "plan's source and target layouts are on different meshes");
   DTL_CHECK_ARG(mesh->comm != NULL, fn, "the plan's mesh is abstract (dtl_mesh_create_abstract): it has no "
                 "communicators, so its plans can be explained but not executed");
-  const struct dtl__plan_exec *x = p->exec;
+  struct dtl__plan_exec *x = p->exec;
   if (!x) return dtl__error_fn(DTL_ERR_INTERNAL, fn, "the plan was never compiled (plans come from dtl_plan_create)");
   if (mesh->comm->aborted) return dtl__error_fn(DTL_ERR_COMM, fn, "the mesh's communicator was aborted");
   size_t es = dtl_dtype_size(p->src.dtype), a0 = p->src.local_count, d0 = p->dst.local_count;
@@ -66,7 +63,7 @@ dtl_status dtl__plan_run(const char *fn, const dtl_plan *p, const void *src_loca
   size_t need = L->scr * es;
   dtl_comm *mc = mesh->comm;
   if (own) {
-    DTL_TRY(dtl__own_workspace(fn, p, mc, need, &ws));
+    DTL_TRY(dtl__own_workspace(fn, x, mc, need, &ws));
   } else {
     if (ws_bytes < need)
       return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "ws_bytes=%zu is too small: this call needs %zu bytes "

@@ -78,6 +78,12 @@ struct dtl__plan_exec {
   /* 5 x gmax per-peer counts and displacements that the runners fill chunk by chunk. A plan runs one call at a
    * time (like every call on one mesh), so one set serves every call. */
   size_t *counts;
+  /* The plan's own workspace in the mesh communicator's memory (allocated by its first execution that needs
+   * scratch, grown at most once more; never by dtl_plan_execute_with_workspace) and the memory it came from
+   * (a copy: the mesh may be half torn down when its cached plans are destroyed). */
+  void *own;
+  size_t own_bytes;
+  dtl__mem own_mem;
   dtl__ex_step ex[]; /* one per plan step */
 };
 

@@ -40,12 +40,9 @@ struct dtl_plan {
   dtl__plan_step steps[DTL__MAX_PLAN_STEPS];
   double total_cost_s;
   size_t scratch_bytes;
-  struct dtl__plan_exec *exec; /* compiled by dtl__plan_compile (executor_internal.h); NULL before */
-  /* The plan's own workspace in the mesh communicator's memory (allocated by its first execution that needs
-   * scratch, grown at most once more; never for dtl_plan_execute_with_workspace) and the memory it came from. */
-  void *ws;
-  size_t ws_bytes;
-  dtl__mem ws_mem;
+  /* Compiled by dtl__plan_compile (executor_internal.h); NULL before. Reached through a pointer, so that the
+   * driver can fill its count arrays and grow its workspace through a const plan. */
+  struct dtl__plan_exec *exec;
 };
 
 /* "all-gather", "all-reduce", "reduce-scatter", "all-to-all", "local slice", "local partial" (plan.c): the

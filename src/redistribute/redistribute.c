@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* dtl_redistribute and the whole-tensor helpers built on it: the per-mesh plan cache (keyed by the (src,
- * dst) layout pair, so that a repeated call costs a hash lookup, with one workspace for all its plans), the DTL_CHECK=1 cross-rank consistency
- * check, dtl_distribute (dense on root -> any layout) and dtl_full_tensor (any layout -> dense everywhere). */
+ * dst) layout pair, so that a repeated call costs a hash lookup, with one workspace for all its plans), the
+ * DTL_CHECK=1 cross-rank consistency check, dtl_distribute (dense on root -> any layout) and dtl_full_tensor
+ * (any layout -> dense everywhere). */
 #include <stdlib.h>
 #include <string.h>
 #include "redistribute/redistribute_internal.h"
@@ -55,9 +56,11 @@ static uint64_t dtl__pair_key(const dtl_layout *src, const dtl_layout *dst) {
   return k ^ (k >> 29);
 }
 
+/* The mesh's plan cache, made on first use: it is the mesh's memo, filled through a const mesh (see
+ * dtl__mesh_memo). */
 static dtl_status dtl__plan_cache_of(const dtl_mesh *m, dtl__plan_cache **out) {
-  dtl_mesh *mm = (dtl_mesh *)(uintptr_t)m; /* the cache is the mesh's mutable part */
-  if (!mm->cache) {
+  dtl__mesh_memo *memo = m->memo;
+  if (!memo->cache) {
     dtl__plan_cache *pc = dtl__calloc(1, sizeof *pc);
     if (pc) pc->buckets = dtl__calloc(16, sizeof *pc->buckets);
     if (!pc || !pc->buckets) {
@@ -65,10 +68,10 @@ static dtl_status dtl__plan_cache_of(const dtl_mesh *m, dtl__plan_cache **out) {
       return dtl__error(DTL_ERR_OUT_OF_MEMORY, "dtl_redistribute: out of host memory for the plan cache");
     }
     pc->nbuckets = 16;
-    mm->cache = pc;
-    mm->cache_free = dtl__plan_cache_free;
+    memo->cache = pc;
+    memo->cache_free = dtl__plan_cache_free;
   }
-  *out = mm->cache;
+  *out = memo->cache;
   return DTL_OK;
 }
 
@@ -137,7 +140,7 @@ static dtl_status dtl__plan_cache_workspace(const dtl_mesh *m, size_t bytes, voi
 }
 
 void dtl__plan_cache_stats(const dtl_mesh *m, uint64_t *hits, uint64_t *misses) {
-  const dtl__plan_cache *pc = m ? m->cache : NULL;
+  const dtl__plan_cache *pc = m ? m->memo->cache : NULL;
   if (hits) *hits = pc ? pc->hits : 0;
   if (misses) *misses = pc ? pc->misses : 0;
 }

@@ -1,13 +1,12 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The tensor-parallel attention block: fused QKV column-parallel by whole heads, causal scaled-dot-product
- * attention of this rank's heads (each q head with the kv head of its group, replicated when tp > kv_heads),
- * the output projection row-parallel over those heads, and one reduction out (one gather in with sequence
- * parallelism). The attention core runs here on the host and in attention.cu on a device. */
+ * attention of this rank's heads (each q head with the kv head of its group, replicated when tp > kv_heads)
+ * by the attention core (src/attn), the output projection row-parallel over those heads, and one reduction
+ * out (one gather in with sequence parallelism). */
 #include <math.h>
 #include <stdlib.h>
-#include "tp/stages.h"
+#include "attn/attn.h"
 #include "tp/tp_internal.h"
-#include "tp/tp_math.h"
 
 struct dtl_tp_attention {
   dtl_tp_context *ctx;
@@ -25,6 +24,8 @@ dtl_status dtl_tp_attention_create(dtl_tp_context *ctx, const dtl_tp_attention_p
   DTL_CHECK_ARG(ctx != NULL, fn, "ctx=NULL");
   DTL_CHECK_ARG(p != NULL, fn, "params=NULL");
   DTL_CHECK_ARG(out != NULL, fn, "out=NULL");
+  DTL_TRY(dtl__tp_check_bits(fn, "params", p->mask, DTL__BITS(DTL_TP_SCALE), p->flags,
+                             DTL__BITS(DTL_TP_SEQUENCE_PARALLEL)));
   DTL_CHECK_ARG(p->hidden >= 1 && p->head_dim >= 1, fn, "hidden=%lld head_dim=%lld (expected >= 1)",
                 (long long)p->hidden, (long long)p->head_dim);
   dtl_tp_range q, kv;
@@ -39,7 +40,7 @@ dtl_status dtl_tp_attention_create(dtl_tp_context *ctx, const dtl_tp_attention_p
   dtl_tp_attention *a = dtl__calloc(1, sizeof *a);
   if (!a) return dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory");
   a->ctx = ctx;
-  a->sp = (p->mask & DTL_TP_SEQUENCE_PARALLEL) != 0;
+  a->sp = (p->flags & DTL_TP_SEQUENCE_PARALLEL) != 0;
   a->hidden = p->hidden;
   a->q_heads = p->q_heads;
   a->kv_heads = p->kv_heads;
@@ -69,66 +70,25 @@ dtl_status dtl_tp_attention_layouts(const dtl_tp_attention *a, int64_t tokens, d
                          dtl__tp_attn_p(a), in, out);
 }
 
-/* Row-wise causal softmax of scores [T, T] in place: row i keeps columns 0..i, the rest become 0. */
-static void dtl__tp_causal_softmax(float *s, int64_t T) {
-  for (int64_t i = 0; i < T; i++) {
-    float *row = s + i * T, mx = row[0], sum = 0.0f;
-    for (int64_t j = 1; j <= i; j++) mx = row[j] > mx ? row[j] : mx;
-    for (int64_t j = 0; j <= i; j++) sum += (row[j] = expf(row[j] - mx));
-    float inv = 1.0f / sum;
-    for (int64_t j = 0; j <= i; j++) row[j] *= inv;
-    for (int64_t j = i + 1; j < T; j++) row[j] = 0.0f;
-  }
-}
-
-/* Scores [T, T], then the transposed values of each local kv head [kn, D, T], so that P V is a GEMM with
- * the B^T operand the one GEMM entry point takes. */
-size_t dtl__tp_attend_host_floats(const dtl__tp_attn_shape *s) {
-  return (size_t)(s->tokens * s->tokens + s->kn * s->head_dim * s->tokens);
-}
-
-dtl_status dtl__tp_attend_host(const dtl__gemm_engine *g, const dtl__tp_attn_shape *s, const float *qkv,
-                               float *scratch, float *attn) {
-  int64_t T = s->tokens, D = s->head_dim, qn = s->qn, kn = s->kn, W = s->width;
-  if (T == 0 || qn == 0) return DTL_OK;
-  float *scores = scratch, *vt = scores + T * T;
-  const float *k0 = qkv + qn * D, *v0 = qkv + (qn + kn) * D;
-  for (int64_t h = 0; h < kn; h++)
-    for (int64_t t = 0; t < T; t++)
-      for (int64_t d = 0; d < D; d++) vt[(h * D + d) * T + t] = v0[t * W + h * D + d];
-  for (int64_t h = 0; h < qn; h++) {
-    int64_t kh = dtl__tp_kv_head(s->q_off, h, s->group, s->kv_off);
-    DTL_TRY(dtl__gemm(g, DTL_FLOAT32, T, T, D, s->scale, qkv + h * D, W, k0 + kh * D, W, 0.0f, scores, T));
-    dtl__tp_causal_softmax(scores, T);
-    DTL_TRY(dtl__gemm(g, DTL_FLOAT32, T, D, T, 1.0f, scores, T, vt + kh * D * T, T, 0.0f, attn + h * D, qn * D));
-  }
-  return DTL_OK;
-}
-
-int64_t dtl__tp_attend_rows(const dtl__tp_attn_shape *s) {
-  int64_t total = s->tokens * s->qn, budget = ((int64_t)64 << 20) / (int64_t)sizeof(float);
-  int64_t rows = s->tokens > 0 ? budget / s->tokens : total;
-  if (rows > total) rows = total;
-  return rows > 0 ? rows : 1;
-}
-
-/* attn[T, q.count * D] of this rank's q heads from qkv [T, width], on the host or the device. */
+/* attn[T, q.count * D] of this rank's q heads from qkv [T, width] (q heads, then k heads, then v heads of
+ * each token), on the host or the device: causal self-attention of tokens 0..T-1. */
 static dtl_status dtl__tp_attend(dtl_tp_attention *a, const void *qkv, int64_t T, void *attn) {
   dtl_tp_context *ctx = a->ctx;
-  dtl__tp_attn_shape s = {.tokens = T, .width = a->qkv.rows, .head_dim = a->head_dim, .qn = a->q.count,
-                          .kn = a->kv.count, .q_off = a->q.offset, .kv_off = a->kv.offset, .group = a->group,
-                          .scale = a->scale};
-  if (T == 0 || s.qn == 0) return DTL_OK;
-  void *aux;
-  if (dtl__tp_on_device(ctx)) {
+  int64_t D = a->head_dim, qn = a->q.count, kn = a->kv.count, W = a->qkv.rows;
+  dtl__attn_shape s = {.tq = T, .tk = T, .qn = qn, .kn = kn, .head_dim = D, .q_off = a->q.offset,
+                       .kv_off = a->kv.offset, .group = a->group, .ldq = W, .ldk = W, .ldv = W, .ldo = qn * D,
+                       .causal = true, .scale = a->scale};
+  if (T == 0 || qn == 0) return DTL_OK;
+  size_t e = ctx->elem;
+  const char *k = (const char *)qkv + (size_t)(qn * D) * e, *v = k + (size_t)(kn * D) * e;
+  bool dev = dtl__tp_on_device(ctx);
+  size_t bytes = dtl__attn_scratch_bytes(&s, dev ? DTL_MEMORY_DEVICE : DTL_MEMORY_HOST);
+  void *scratch;
+  DTL_TRY(dtl__tp_scratch(ctx, DTL__TP_WS_AUX, bytes, &scratch));
 #if DTL_HAVE_NCCL
-    int64_t rows = dtl__tp_attend_rows(&s);
-    DTL_TRY(dtl__tp_scratch(ctx, DTL__TP_WS_AUX, (size_t)(rows * T) * sizeof(float), &aux));
-    return dtl__tp_attend_cuda(&s, qkv, aux, rows, attn, ctx->dtype, ctx->gemm.stream);
+  if (dev) return dtl__attn_cuda(&s, qkv, k, v, attn, NULL, scratch, bytes, ctx->dtype, ctx->gemm.stream);
 #endif
-  }
-  DTL_TRY(dtl__tp_scratch(ctx, DTL__TP_WS_AUX, dtl__tp_attend_host_floats(&s) * sizeof(float), &aux));
-  return dtl__tp_attend_host(&ctx->gemm, &s, qkv, aux, attn);
+  return dtl__attn_host(&ctx->gemm, &s, qkv, (const float *)k, (const float *)v, attn, NULL, scratch, bytes);
 }
 
 dtl_status dtl_tp_attention_forward(dtl_tp_attention *a, const dtl_layout *x_layout, const void *x, void *y) {

@@ -5,12 +5,22 @@
 #include <string.h>
 #include "tp/tp_internal.h"
 
+dtl_status dtl__tp_check_bits(const char *fn, const char *what, uint64_t mask, uint64_t mask_known,
+                              const char *mask_names, uint64_t flags, uint64_t flags_known, const char *flags_names) {
+  char field[32];
+  snprintf(field, sizeof field, "%s.mask", what);
+  DTL_TRY(dtl__check_bits(fn, field, mask, mask_known, mask_names));
+  snprintf(field, sizeof field, "%s.flags", what);
+  return dtl__check_bits(fn, field, flags, flags_known, flags_names);
+}
+
 dtl_status dtl_tp_context_create(const dtl_mesh *mesh, int tp_dim, const dtl_tp_options *opt, dtl_tp_context **out) {
   static const char fn[] = "dtl_tp_context_create";
   DTL_CHECK_ARG(out != NULL, fn, "out=NULL");
   DTL_CHECK_ARG(mesh != NULL, fn, "mesh=NULL");
   DTL_CHECK_ARG(!dtl_mesh_is_abstract(mesh), fn, "mesh is abstract (it has no communicators to run layers on)");
   DTL_CHECK_ARG(tp_dim >= 0 && tp_dim < mesh->ndim, fn, "tp_dim=%d (expected 0..%d)", tp_dim, mesh->ndim - 1);
+  if (opt) DTL_TRY(dtl__tp_check_bits(fn, "opt", opt->mask, DTL__BITS(DTL_TP_OPT_DTYPE), opt->flags, DTL__NO_BITS));
   dtl_dtype t = (opt && (opt->mask & DTL_TP_OPT_DTYPE)) ? opt->dtype : DTL_FLOAT32;
   DTL_CHECK_ARG(t == DTL_FLOAT32 || t == DTL_FLOAT16 || t == DTL_BFLOAT16, fn, "dtype=%s (expected f32, f16 or bf16)",
                 dtl_dtype_name(t) ? dtl_dtype_name(t) : "?");
@@ -130,7 +140,6 @@ dtl_status dtl_tp_activation_layout(const dtl_tp_context *ctx, int64_t tokens, i
 dtl_status dtl__tp_layouts(const dtl_tp_context *ctx, const char *fn, int64_t tokens, int64_t in_features,
                            dtl_placement in_p, int64_t out_features, dtl_placement out_p, dtl_layout **in,
                            dtl_layout **out) {
-  DTL_CHECK_ARG(in != NULL || out != NULL, fn, "in=NULL and out=NULL");
   DTL_CHECK_ARG(tokens >= 0, fn, "tokens=%lld (expected >= 0)", (long long)tokens);
   dtl_layout *a = NULL, *b = NULL;
   dtl_status st = DTL_OK;

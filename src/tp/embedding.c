@@ -23,6 +23,7 @@ dtl_status dtl_tp_embedding_create(dtl_tp_context *ctx, const dtl_tp_embedding_p
   DTL_CHECK_ARG(ctx != NULL, fn, "ctx=NULL");
   DTL_CHECK_ARG(p != NULL, fn, "params=NULL");
   DTL_CHECK_ARG(out != NULL, fn, "out=NULL");
+  DTL_TRY(dtl__tp_check_bits(fn, "params", p->mask, DTL__NO_BITS, p->flags, DTL__BITS(DTL_TP_SEQUENCE_PARALLEL)));
   DTL_CHECK_ARG(p->vocab >= 1 && p->hidden >= 1, fn, "vocab=%lld hidden=%lld (expected >= 1)", (long long)p->vocab,
                 (long long)p->hidden);
   DTL_CHECK_ARG(p->table != NULL, fn, "table=NULL (the dense [vocab, hidden] table is required)");
@@ -32,7 +33,7 @@ dtl_status dtl_tp_embedding_create(dtl_tp_context *ctx, const dtl_tp_embedding_p
   dtl_tp_embedding *e = dtl__calloc(1, sizeof *e);
   if (!e) return dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory");
   e->ctx = ctx;
-  e->sp = (p->mask & DTL_TP_SEQUENCE_PARALLEL) != 0;
+  e->sp = (p->flags & DTL_TP_SEQUENCE_PARALLEL) != 0;
   e->vocab = p->vocab;
   e->hidden = p->hidden;
   e->rows = dtl__tp_chunk(ctx, p->vocab, ctx->rank);
@@ -50,6 +51,7 @@ fail:
 
 dtl_status dtl_tp_embedding_layout(const dtl_tp_embedding *e, int64_t tokens, dtl_layout **out) {
   DTL_CHECK_ARG(e != NULL, "dtl_tp_embedding_layout", "embedding=NULL");
+  DTL_CHECK_ARG(out != NULL, "dtl_tp_embedding_layout", "out=NULL");
   return dtl__tp_layouts(e->ctx, "dtl_tp_embedding_layout", tokens, 0, dtl_replicate(), e->hidden, dtl__tp_emb_p(e),
                          NULL, out);
 }

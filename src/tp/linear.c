@@ -26,14 +26,16 @@ dtl_status dtl_tp_linear_create(dtl_tp_context *ctx, const dtl_tp_linear_params 
   DTL_CHECK_ARG(ctx != NULL, fn, "ctx=NULL");
   DTL_CHECK_ARG(p != NULL, fn, "params=NULL");
   DTL_CHECK_ARG(out != NULL, fn, "out=NULL");
+  DTL_TRY(dtl__tp_check_bits(fn, "params", p->mask, DTL__NO_BITS, p->flags,
+                             DTL__BITS(DTL_TP_SEQUENCE_PARALLEL, DTL_TP_GATHER_OUTPUT)));
   DTL_CHECK_ARG(p->kind == DTL_TP_COLUMN || p->kind == DTL_TP_ROW, fn, "kind=%d (expected DTL_TP_COLUMN or DTL_TP_ROW)",
                 (int)p->kind);
   DTL_CHECK_ARG(p->in_features >= 0 && p->out_features >= 0, fn, "in_features=%lld out_features=%lld (expected >= 0)",
                 (long long)p->in_features, (long long)p->out_features);
   DTL_CHECK_ARG(p->weight != NULL, fn, "weight=NULL (the dense [out=%lld, in=%lld] weight is required)",
                 (long long)p->out_features, (long long)p->in_features);
-  DTL_CHECK_ARG(p->kind == DTL_TP_COLUMN || !(p->mask & DTL_TP_GATHER_OUTPUT), fn,
-                "mask has DTL_TP_GATHER_OUTPUT on a row-parallel layer (its output is already R or S(0))");
+  DTL_CHECK_ARG(p->kind == DTL_TP_COLUMN || !(p->flags & DTL_TP_GATHER_OUTPUT), fn,
+                "params.flags has DTL_TP_GATHER_OUTPUT on a row-parallel layer (its output is already R or S(0))");
   DTL_TRY(dtl__tp_check_compute(ctx, fn));
   size_t n;
   DTL_TRY(dtl__tp_count(fn, "weight", p->out_features, p->in_features, &n));
@@ -41,8 +43,8 @@ dtl_status dtl_tp_linear_create(dtl_tp_context *ctx, const dtl_tp_linear_params 
   if (!l) return dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory");
   l->ctx = ctx;
   l->kind = p->kind;
-  l->sp = (p->mask & DTL_TP_SEQUENCE_PARALLEL) != 0;
-  l->gather = (p->mask & DTL_TP_GATHER_OUTPUT) != 0;
+  l->sp = (p->flags & DTL_TP_SEQUENCE_PARALLEL) != 0;
+  l->gather = (p->flags & DTL_TP_GATHER_OUTPUT) != 0;
   l->in = p->in_features;
   l->out = p->out_features;
   dtl_status st;

@@ -23,6 +23,7 @@ dtl_status dtl_tp_mlp_create(dtl_tp_context *ctx, const dtl_tp_mlp_params *p, dt
   DTL_CHECK_ARG(ctx != NULL, fn, "ctx=NULL");
   DTL_CHECK_ARG(p != NULL, fn, "params=NULL");
   DTL_CHECK_ARG(out != NULL, fn, "out=NULL");
+  DTL_TRY(dtl__tp_check_bits(fn, "params", p->mask, DTL__NO_BITS, p->flags, DTL__BITS(DTL_TP_SEQUENCE_PARALLEL)));
   DTL_CHECK_ARG(p->activation == DTL_TP_ACT_SILU_GATED || p->activation == DTL_TP_ACT_GELU, fn,
                 "activation=%d (expected DTL_TP_ACT_SILU_GATED or DTL_TP_ACT_GELU)", (int)p->activation);
   DTL_CHECK_ARG(p->hidden >= 1 && p->ffn >= 1, fn, "hidden=%lld ffn=%lld (expected >= 1)", (long long)p->hidden,
@@ -38,7 +39,7 @@ dtl_status dtl_tp_mlp_create(dtl_tp_context *ctx, const dtl_tp_mlp_params *p, dt
   if (!m) return dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory");
   m->ctx = ctx;
   m->act = p->activation;
-  m->sp = (p->mask & DTL_TP_SEQUENCE_PARALLEL) != 0;
+  m->sp = (p->flags & DTL_TP_SEQUENCE_PARALLEL) != 0;
   m->hidden = p->hidden;
   m->ffn = p->ffn;
   dtl_tp_range f = dtl__tp_chunk(ctx, p->ffn, ctx->rank);

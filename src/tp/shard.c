@@ -49,7 +49,7 @@ dtl_status dtl_tp_attention_heads(const dtl_tp_context *ctx, int64_t q_heads, in
   return dtl__tp_heads(ctx, "dtl_tp_attention_heads", q_heads, kv_heads, ctx->rank, q, kv);
 }
 
-dtl_status dtl__tp_pack_rows(dtl_tp_context *ctx, const void *src, int64_t src_rows, int64_t ld,
+dtl_status dtl__tp_pack_rows(const dtl_tp_context *ctx, const void *src, int64_t src_rows, int64_t ld,
                              const dtl__tp_rows *ranges, int nranges, int64_t col_off, int64_t cols, void *dst) {
   int64_t dst_rows = 0;
   for (int i = 0; i < nranges; i++) dst_rows += ranges[i].rows;
@@ -90,7 +90,7 @@ dtl_status dtl_tp_weight_shard_column(const dtl_tp_context *ctx, const void *w, 
   dtl_tp_range r = dtl__tp_chunk(ctx, out < 0 ? 0 : out, ctx->rank);
   DTL_TRY(dtl__tp_shard_args(fn, ctx, w, out, in, shard, (size_t)(r.count * (in < 0 ? 0 : in))));
   dtl__tp_rows rows = {r.offset, r.count};
-  return dtl__tp_pack_rows((dtl_tp_context *)ctx, w, out, in, &rows, 1, 0, in, shard);
+  return dtl__tp_pack_rows(ctx, w, out, in, &rows, 1, 0, in, shard);
 }
 
 dtl_status dtl_tp_weight_shard_row(const dtl_tp_context *ctx, const void *w, int64_t out, int64_t in, void *shard) {
@@ -99,7 +99,7 @@ dtl_status dtl_tp_weight_shard_row(const dtl_tp_context *ctx, const void *w, int
   dtl_tp_range r = dtl__tp_chunk(ctx, in < 0 ? 0 : in, ctx->rank);
   DTL_TRY(dtl__tp_shard_args(fn, ctx, w, out, in, shard, (size_t)(r.count * (out < 0 ? 0 : out))));
   dtl__tp_rows rows = {0, out};
-  return dtl__tp_pack_rows((dtl_tp_context *)ctx, w, out, in, &rows, 1, r.offset, r.count, shard);
+  return dtl__tp_pack_rows(ctx, w, out, in, &rows, 1, r.offset, r.count, shard);
 }
 
 dtl_status dtl__tp_qkv_rows(const dtl_tp_context *ctx, const char *fn, int64_t q_heads, int64_t kv_heads,
@@ -122,7 +122,7 @@ dtl_status dtl_tp_weight_shard_qkv(const dtl_tp_context *ctx, const void *w, int
   int64_t total = (q_heads + 2 * kv_heads) * head_dim;
   int64_t shard_rows = rows[0].rows + rows[1].rows + rows[2].rows;
   DTL_TRY(dtl__tp_shard_args(fn, ctx, w, total, in, shard, (size_t)(shard_rows * (in < 0 ? 0 : in))));
-  return dtl__tp_pack_rows((dtl_tp_context *)ctx, w, total, in, rows, 3, 0, in, shard);
+  return dtl__tp_pack_rows(ctx, w, total, in, rows, 3, 0, in, shard);
 }
 
 dtl_status dtl_tp_weight_shard_attention_out(const dtl_tp_context *ctx, const void *w, int64_t q_heads,
@@ -135,7 +135,7 @@ dtl_status dtl_tp_weight_shard_attention_out(const dtl_tp_context *ctx, const vo
   int64_t in = q_heads * head_dim;
   DTL_TRY(dtl__tp_shard_args(fn, ctx, w, out, in, shard, (size_t)(q.count * head_dim * (out < 0 ? 0 : out))));
   dtl__tp_rows rows = {0, out};
-  return dtl__tp_pack_rows((dtl_tp_context *)ctx, w, out, in, &rows, 1, q.offset * head_dim, q.count * head_dim, shard);
+  return dtl__tp_pack_rows(ctx, w, out, in, &rows, 1, q.offset * head_dim, q.count * head_dim, shard);
 }
 
 dtl_status dtl_tp_weight_shard_gate_up(const dtl_tp_context *ctx, const void *w, int64_t ffn, int64_t in, void *shard) {
@@ -145,5 +145,5 @@ dtl_status dtl_tp_weight_shard_gate_up(const dtl_tp_context *ctx, const void *w,
   dtl_tp_range r = dtl__tp_chunk(ctx, ffn, ctx->rank);
   DTL_TRY(dtl__tp_shard_args(fn, ctx, w, 2 * ffn, in, shard, (size_t)(2 * r.count * (in < 0 ? 0 : in))));
   dtl__tp_rows rows[2] = {{r.offset, r.count}, {ffn + r.offset, r.count}};
-  return dtl__tp_pack_rows((dtl_tp_context *)ctx, w, 2 * ffn, in, rows, 2, 0, in, shard);
+  return dtl__tp_pack_rows(ctx, w, 2 * ffn, in, rows, 2, 0, in, shard);
 }

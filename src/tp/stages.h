@@ -1,14 +1,14 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* This file is private to dtl. The compute stages of the TP blocks that sit between their GEMMs and
- * collectives: the MLP activation, causal attention of this rank's heads, the per-rank top-k candidates and
- * the embedding lookup. Each has a host half (C loops in f32, next to its layer) and a device half (CUDA
+ * collectives: the MLP activation, the per-rank top-k candidates and the embedding lookup (attention is the
+ * attention core's, src/attn). Each has a host half (C loops in f32, next to its layer) and a device half (CUDA
  * kernels, *.cu: f32/f16/bf16 storage, f32 arithmetic, enqueued on a stream), and the device half's code can
  * be run on the host (*_emulate) so that tests check its index arithmetic without a GPU. None allocates:
  * scratch comes from the caller. */
 #ifndef DTL_TP_STAGES_H
 #define DTL_TP_STAGES_H
 
-#include "compute/gemm.h"
+#include "common/internal.h"
 #include "dtl/tp.h"
 
 #ifdef __cplusplus
@@ -18,28 +18,6 @@ extern "C" {
 /* --- MLP activation: in place on the first f columns of each row of h [tokens, width] -------------------- */
 /* SILU_GATED: h[t, j] = silu(h[t, j]) * h[t, f + j] (gate columns, then up columns); GELU: h[t, j] = gelu(h[t, j]). */
 void dtl__tp_activate_host(dtl_tp_activation act, float *h, int64_t tokens, int64_t f, int64_t width);
-
-/* --- causal attention of this rank's heads ------------------------------------------------------------ */
-/* qkv [tokens, width] holds per token this rank's qn q heads, then kn k heads, then kn v heads (head_dim
- * each); attn [tokens, qn * head_dim] gets, per local q head h, softmax(scale * q k^T over keys 0..i) v
- * with the kv head dtl__tp_kv_head(q_off, h, group, kv_off). */
-typedef struct {
-  int64_t tokens, width, head_dim;
-  int64_t qn, kn;        /* local q and kv heads */
-  int64_t q_off, kv_off; /* global index of the first local q / kv head */
-  int64_t group;         /* q heads per kv head */
-  float scale;
-} dtl__tp_attn_shape;
-
-/* The host half: per q head a GEMM for the scores, the causal softmax, a GEMM with the values. scratch
- * holds dtl__tp_attend_host_floats(s) floats. */
-size_t dtl__tp_attend_host_floats(const dtl__tp_attn_shape *s);
-dtl_status dtl__tp_attend_host(const dtl__gemm_engine *g, const dtl__tp_attn_shape *s, const float *qkv,
-                               float *scratch, float *attn);
-/* The device half works on score rows: row r = (token r / qn, local q head r % qn). One launch covers up to
- * `rows` score rows of tokens floats each (scores holds rows * tokens floats); more rows take more launches.
- * This is how many rows fit a scratch budget of about 64 MiB (at least 1, at most tokens * qn). */
-int64_t dtl__tp_attend_rows(const dtl__tp_attn_shape *s);
 
 /* --- top-k candidates ----------------------------------------------------------------------------------- */
 /* For each of tokens rows of logits [tokens, n] (global vocab index off + j for column j): the k best
@@ -63,8 +41,6 @@ void dtl__tp_embed_host(const int64_t *ids, int64_t tokens, const void *table, i
  * rounded to nearest even once, on store). Enqueued on stream (a cudaStream_t); they return at once. */
 dtl_status dtl__tp_activate_cuda(dtl_tp_activation act, void *h, int64_t tokens, int64_t f, int64_t width,
                                  dtl_dtype t, void *stream);
-dtl_status dtl__tp_attend_cuda(const dtl__tp_attn_shape *s, const void *qkv, float *scores, int64_t rows,
-                               void *attn, dtl_dtype t, void *stream);
 dtl_status dtl__tp_topk_local_cuda(const void *logits, int64_t tokens, int64_t n, int64_t off, int k,
                                    int64_t *cand, dtl_dtype t, void *stream);
 dtl_status dtl__tp_embed_cuda(const int64_t *ids, int64_t tokens, const void *table, int64_t off, int64_t count,
@@ -74,8 +50,6 @@ dtl_status dtl__tp_embed_cuda(const int64_t *ids, int64_t tokens, const void *ta
  * launch's own block size (the block reductions become sequential loops). For tests; not a fast path. */
 dtl_status dtl__tp_activate_emulate(dtl_tp_activation act, void *h, int64_t tokens, int64_t f, int64_t width,
                                     dtl_dtype t);
-dtl_status dtl__tp_attend_emulate(const dtl__tp_attn_shape *s, const void *qkv, float *scores, int64_t rows,
-                                  void *attn, dtl_dtype t);
 dtl_status dtl__tp_topk_local_emulate(const void *logits, int64_t tokens, int64_t n, int64_t off, int k,
                                       int64_t *cand, dtl_dtype t);
 dtl_status dtl__tp_embed_emulate(const int64_t *ids, int64_t tokens, const void *table, int64_t off, int64_t count,

@@ -50,6 +50,10 @@ dtl_status dtl__tp_check_layout(const dtl_tp_context *ctx, const char *fn, const
 /* Whether a layer can compute in ctx's dtype: on the host f32 only, on a device f32/f16/bf16.
  * DTL_ERR_UNSUPPORTED naming fn otherwise. */
 dtl_status dtl__tp_check_compute(const dtl_tp_context *ctx, const char *fn);
+/* The mask and flags of a TP params struct ("params" or "opt", named by what) hold only the bits it defines
+ * (each given as DTL__BITS(...) or DTL__NO_BITS). */
+dtl_status dtl__tp_check_bits(const char *fn, const char *what, uint64_t mask, uint64_t mask_known,
+                              const char *mask_names, uint64_t flags, uint64_t flags_known, const char *flags_names);
 /* Element count a*b with overflow check (DTL_ERR_INVALID_ARGUMENT naming fn and what). */
 dtl_status dtl__tp_count(const char *fn, const char *what, int64_t a, int64_t b, size_t *out);
 
@@ -83,7 +87,7 @@ dtl_status dtl__tp_proj_apply(dtl_tp_context *ctx, const dtl__tp_proj *p, bool w
                               int64_t ldx, void *y, int64_t ldy);
 
 /* Packs the given row ranges of a row-major [*, ld] array, columns [col_off, col_off + cols), into dst. */
-dtl_status dtl__tp_pack_rows(dtl_tp_context *ctx, const void *src, int64_t src_rows, int64_t ld,
+dtl_status dtl__tp_pack_rows(const dtl_tp_context *ctx, const void *src, int64_t src_rows, int64_t ld,
                              const dtl__tp_rows *ranges, int nranges, int64_t col_off, int64_t cols, void *dst);
 
 /* Communication cores (arguments already checked). tokens x features activations in ctx memory. */
@@ -100,7 +104,7 @@ dtl_status dtl__tp_input(dtl_tp_context *ctx, const char *fn, const dtl_layout *
 /* The layouts a layer states: [tokens, features] with on_tp on the TP dim. */
 dtl_status dtl__tp_layout(const dtl_tp_context *ctx, int64_t tokens, int64_t features, dtl_placement on_tp,
                           dtl_layout **out);
-/* Both layouts of a layer, or neither (on failure nothing is returned). */
+/* The layouts of a layer that are asked for (in, out: optional outputs; on failure nothing is returned). */
 dtl_status dtl__tp_layouts(const dtl_tp_context *ctx, const char *fn, int64_t tokens, int64_t in_features,
                            dtl_placement in_p, int64_t out_features, dtl_placement out_p, dtl_layout **in,
                            dtl_layout **out);

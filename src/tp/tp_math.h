@@ -1,17 +1,11 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* This file is private to dtl. The index arithmetic of the TP blocks, one copy shared by the host loops
- * (*.c) and the CUDA kernels (*.cu): the GQA head map, the embedding's row lookup and the total order of
+ * (*.c) and the CUDA kernels (*.cu): the embedding's row lookup and the total order of
  * top-k candidates (the activations are compute/math.h's). */
 #ifndef DTL_TP_MATH_H
 #define DTL_TP_MATH_H
 
 #include "compute/math.h"
-
-/* The local kv head of local q head h: global q head q_off + h belongs to kv head (q_off + h) / group,
- * which is local kv head that minus kv_off (dtl_tp_attention_heads keeps it on this rank). */
-static DTL_HD inline int64_t dtl__tp_kv_head(int64_t q_off, int64_t h, int64_t group, int64_t kv_off) {
-  return (q_off + h) / group - kv_off;
-}
 
 /* The row of this rank's table shard [off, off + count) that holds vocab id, or -1 when another rank owns it. */
 static DTL_HD inline int64_t dtl__tp_embed_row(int64_t id, int64_t off, int64_t count) {

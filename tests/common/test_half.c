@@ -161,6 +161,16 @@ static void status_names_spell_the_enum(void **state) {
   assert_int_equal(DTL_OK, 0);
   assert_string_equal(dtl_status_name((dtl_status)8), "DTL_ERR_UNKNOWN");
   assert_string_equal(dtl_status_name((dtl_status)-1), "DTL_ERR_UNKNOWN");
+  /* The one list the enum and dtl_status_name come from: values 0, 1, 2, ... in order, each with a meaning. */
+  int next = 0;
+#define XX(name, value, meaning)                        \
+  assert_int_equal((value), next++);                    \
+  assert_int_equal((int)(name), (value));               \
+  assert_string_equal(dtl_status_name((name)), #name);  \
+  assert_true(strlen(meaning) > 0);
+  DTL_STATUS_MAP(XX)
+#undef XX
+  assert_int_equal(next, 8);
 }
 
 static void dtype_parse_accepts_short_and_long_names(void **state) {

@@ -4,9 +4,10 @@
  * over libnccl/libcudart), with p ranks in one process and host memory standing in for device memory.
  * Each rank's call only records its operations, as NCCL only enqueues; once every rank has made the call,
  * progress() matches sends with receives and runs the collectives. What it checks: how each dtl collective
- * is mapped to NCCL (grouped send/recv, grouped reduces, zero counts skipped, no self send), the results
- * against a dense oracle, async error polling, non-blocking (ncclInProgress) settling, error mapping and
- * abort. The kernels and the real engine are covered by device_kernels.c and nccl_world1.c on a GPU. */
+ * and dtl_sendrecv is mapped to NCCL (grouped send/recv, grouped reduces, zero counts skipped, no self
+ * send), the results against a dense oracle, async error polling, non-blocking (ncclInProgress) settling,
+ * error mapping and abort. The kernels and the real engine are covered by device_kernels.c and
+ * nccl_world1.c on a GPU. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -662,6 +663,56 @@ static void send_and_recv_between_two_ranks_move_the_buffer(void **state) {
   free_world();
 }
 
+/* A ring shift either way with uneven counts (zeros included): per rank one group of at most one ncclSend and
+ * one ncclRecv, zero counts skipped, and at p = 1 a device copy (the engine fails any message to oneself). */
+static void sendrecv_ring_shift_is_grouped_send_and_recv_and_a_copy_to_oneself(void **state) {
+  (void)state;
+  const dtl_dtype types[] = {DTL_INT32, DTL_BFLOAT16};
+  FOR_WORLDS {
+    for (int ti = 0; ti < 2; ti++)
+      for (int back = 0; back < 2; back++) {
+        dtl_dtype t = types[ti];
+        assert_int_equal(make_world(p), 0);
+        size_t cnt[MAXP];
+        void *send[MAXP], *recv[MAXP];
+        int moved = 0;
+        for (int r = 0; r < p; r++) cnt[r] = uneven(p, r) + (size_t)(back * 2);
+        for (int r = 0; r < p; r++) {
+          int dest = back ? (r + p - 1) % p : (r + 1) % p, source = back ? (r + 1) % p : (r + p - 1) % p;
+          send[r] = buf_of(t, cnt[r], r + 30);
+          recv[r] = calloc(cnt[source] + 1, 8);
+          OK(dtl_sendrecv(comms[r], send[r], cnt[r], dest, recv[r], cnt[source], source, t));
+          moved += p > 1 && cnt[r] > 0;
+          assert_true(nq[r] <= 2);
+        }
+        progress();
+        assert_int_equal(executed[OP_SEND], moved);
+        for (int r = 0; r < p; r++) {
+          int source = back ? (r + 1) % p : (r + p - 1) % p;
+          for (size_t i = 0; i < cnt[source]; i++) expect_elem(t, recv[r], i, val(source + 30, i), "sendrecv", r);
+        }
+        for (int r = 0; r < p; r++) free(send[r]), free(recv[r]);
+        free_world();
+      }
+  }
+}
+
+static void sendrecv_async_is_unsupported_and_a_self_count_mismatch_enqueues_nothing(void **state) {
+  (void)state;
+  assert_int_equal(make_world(2), 0);
+  int32_t a[4] = {1, 2, 3, 4}, b[4] = {0};
+  dtl_request *req = NULL;
+  assert_int_equal(dtl_sendrecv_async(comms[0], a, 4, 1, b, 4, 1, DTL_INT32, &req), DTL_ERR_UNSUPPORTED);
+  assert_null(req);
+  assert_int_equal(dtl_sendrecv(comms[0], a, 4, 0, b, 3, 0, DTL_INT32), DTL_ERR_COMM);
+  assert_non_null(strstr(dtl_last_error(), "send_count=4"));
+  assert_int_equal(dtl_sendrecv(comms[1], a, 4, 1, b, 4, 0, DTL_INT32), DTL_ERR_INVALID_ARGUMENT);
+  assert_non_null(strstr(dtl_last_error(), "both or neither"));
+  assert_int_equal(nq[0] + nq[1], 0);
+  assert_true(b[0] == 0 && b[3] == 0);
+  free_world();
+}
+
 static void zero_counts_enqueue_nothing(void **state) {
   (void)state;
   assert_int_equal(make_world(3), 0);
@@ -673,6 +724,7 @@ static void zero_counts_enqueue_nothing(void **state) {
     OK(dtl_all_reduce(comms[r], NULL, NULL, 0, DTL_INT64, DTL_AVG));
     OK(dtl_scatter(comms[r], NULL, NULL, 0, DTL_INT8, 1));
     OK(dtl_send(comms[r], NULL, 0, DTL_INT8, (r + 1) % 3));
+    OK(dtl_sendrecv(comms[r], NULL, 0, (r + 1) % 3, NULL, 0, (r + 2) % 3, DTL_INT8));
     assert_int_equal(nq[r], 0);
   }
   free_world();
@@ -774,6 +826,8 @@ int main(void) {
       cmocka_unit_test(reductions_match_the_dense_oracle_for_every_op),
       cmocka_unit_test(broadcast_from_every_root_copies_the_root_buffer),
       cmocka_unit_test(send_and_recv_between_two_ranks_move_the_buffer),
+      cmocka_unit_test(sendrecv_ring_shift_is_grouped_send_and_recv_and_a_copy_to_oneself),
+      cmocka_unit_test(sendrecv_async_is_unsupported_and_a_self_count_mismatch_enqueues_nothing),
       cmocka_unit_test(zero_counts_enqueue_nothing),
       cmocka_unit_test(an_async_error_is_reported_by_every_call_before_it_enqueues),
       cmocka_unit_test(a_non_blocking_comm_is_waited_on_until_its_state_settles),

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The NCCL transport at world size 1 (one GPU cannot hold several NCCL ranks): every collective through
  * dtl on device buffers, for every dtype (and op), checked against what a collective over one rank means;
- * split, barrier, check, abort, the transport's memory ops, and bad input. Argument checks that need no
- * device run everywhere; the rest exits 77 when no CUDA device is visible. */
+ * sendrecv to oneself; split, barrier, check, abort, the transport's memory ops, and bad input. Argument
+ * checks that need no device run everywhere; the rest exits 77 when no CUDA device is visible. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -273,6 +273,37 @@ static void send_and_recv_to_the_own_rank_are_unsupported_and_write_nothing(void
   CUDA_OK(cudaFree(buf));
 }
 
+/* A message to oneself is received by the same call: a device copy, for every dtype; the count rule is
+ * checked first; the nonblocking form is the MPI transport's only. */
+static void sendrecv_to_the_own_rank_copies_the_buffer_and_checks_the_counts_first(void **state) {
+  (void)state;
+  const size_t n = 129;
+  for (int t = 0; t < DTL_NUM_DTYPES; t++) {
+    size_t bytes = n * dtl_dtype_size((dtl_dtype)t);
+    void *h = host_data((dtl_dtype)t, n, t + 5), *send = dev_from(h, bytes), *recv = dev_poisoned(bytes);
+    DTL_OK_(dtl_sendrecv(comm, send, n, 0, recv, n, 0, (dtl_dtype)t));
+    expect_device_bytes(recv, h, bytes, "sendrecv to oneself", t);
+    CUDA_OK(cudaFree(send));
+    CUDA_OK(cudaFree(recv));
+    free(h);
+  }
+  void *send = dev_poisoned(64), *recv = dev_poisoned(64);
+  CUDA_OK(cudaMemset(send, 1, 64));
+  DTL_OK_(dtl_sendrecv(comm, send, 0, 0, recv, 0, 0, DTL_FLOAT32));
+  assert_int_equal(dtl_sendrecv(comm, send, 4, 0, recv, 3, 0, DTL_INT32), DTL_ERR_COMM);
+  assert_non_null(strstr(dtl_last_error(), "send_count=4"));
+  assert_int_equal(dtl_sendrecv(comm, send, 3, 0, recv, 4, 0, DTL_INT32), DTL_ERR_MISMATCH);
+  assert_non_null(strstr(dtl_last_error(), "recv_count=4"));
+  assert_int_equal(dtl_sendrecv(comm, send, 4, 1, recv, 4, 0, DTL_INT32), DTL_ERR_INVALID_ARGUMENT);
+  assert_non_null(strstr(dtl_last_error(), "dest=1"));
+  dtl_request *req = NULL;
+  assert_int_equal(dtl_sendrecv_async(comm, send, 4, 0, recv, 4, 0, DTL_INT32, &req), DTL_ERR_UNSUPPORTED);
+  assert_null(req);
+  expect_poison(recv, 64, "rejected or empty sendrecv");
+  CUDA_OK(cudaFree(send));
+  CUDA_OK(cudaFree(recv));
+}
+
 /* The barrier returns only once the work enqueued before it has finished. */
 static void barrier_returns_after_the_enqueued_work_is_done(void **state) {
   (void)state;
@@ -463,6 +494,7 @@ int main(void) {
       cmocka_unit_test(all_to_all_and_all_to_allv_of_one_rank_copy_the_own_block),
       cmocka_unit_test(all_to_allv_rejects_own_send_and_recv_counts_that_disagree),
       cmocka_unit_test(send_and_recv_to_the_own_rank_are_unsupported_and_write_nothing),
+      cmocka_unit_test(sendrecv_to_the_own_rank_copies_the_buffer_and_checks_the_counts_first),
       cmocka_unit_test(barrier_returns_after_the_enqueued_work_is_done),
       cmocka_unit_test(split_gives_a_child_on_the_parent_stream_that_communicates),
       cmocka_unit_test(mesh_over_nccl_has_one_sub_communicator_per_dim),

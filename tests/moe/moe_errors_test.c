@@ -54,7 +54,8 @@ static void pad_zero(int32_t *ids, float *w, int *k, dtl_moe_layout_params *prm)
   prm->mask = DTL_MOE_LAYOUT_PAD_MULTIPLE;
   prm->pad_multiple = 0;
 }
-static void unknown_mask_bit(int32_t *ids, float *w, int *k, dtl_moe_layout_params *prm) { prm->mask = 1ull << 40; }
+static void unknown_mask_bit(int32_t *ids, float *w, int *k, dtl_moe_layout_params *prm) { prm->mask = DTL_BIT(40); }
+static void unknown_flags_bit(int32_t *ids, float *w, int *k, dtl_moe_layout_params *prm) { prm->flags = DTL_BIT(3); }
 /* Valid on their own, but not what the other ranks pass. */
 static void other_k(int32_t *ids, float *w, int *k, dtl_moe_layout_params *prm) { *k = 1; }
 static void other_capacity(int32_t *ids, float *w, int *k, dtl_moe_layout_params *prm) {
@@ -74,6 +75,18 @@ static void expect_all_fail(void (*edit)(int32_t *, float *, int *, dtl_moe_layo
   if (dt_rank == dt_size - 1 && want == DTL_ERR_INVALID_ARGUMENT)
     CHECK(strstr(dtl_last_error(), "dtl_moe_layout_create") != NULL, "message %s", dtl_last_error());
   if (L != SENTINEL) dtl_moe_layout_destroy(L);
+}
+
+/* A bit that dtl_moe_layout_params does not define, in mask or in flags, is named with the field. */
+static void unknown_bits_are_rejected_naming_the_field_and_the_bits(void) {
+  dtl_moe_layout *L = SENTINEL;
+  dtl_moe_layout_params prm = {.mask = DTL_MOE_LAYOUT_VERIFY | DTL_BIT(40), .verify = 1};
+  CHECK_ERROR(dtl_moe_layout_create(g_comm, g_pl, T, K, g_ids, g_w, H, DTL_FLOAT32, &prm, &L), DTL_ERR_INVALID_ARGUMENT,
+              "dtl_moe_layout_create: params.mask=0x10000000010 has unknown bits 0x10000000000");
+  prm = (dtl_moe_layout_params){.flags = DTL_BIT(3)};
+  CHECK_ERROR(dtl_moe_layout_create(g_comm, g_pl, T, K, g_ids, g_w, H, DTL_FLOAT32, &prm, &L), DTL_ERR_INVALID_ARGUMENT,
+              "params.flags=0x8 has unknown bits 0x8 (none are defined)");
+  CHECK(L == SENTINEL, "the output handle was written on failure");
 }
 
 /* A valid layout still works after the failures above: the communicator is not left in a broken state. */
@@ -240,6 +253,8 @@ int main(int argc, char **argv) {
   RUN_NAMED("capacity_factor_nan_is_rejected", expect_all_fail(capacity_nan, DTL_ERR_INVALID_ARGUMENT));
   RUN_NAMED("pad_multiple_zero_is_rejected", expect_all_fail(pad_zero, DTL_ERR_INVALID_ARGUMENT));
   RUN_NAMED("unknown_params_mask_bit_is_rejected", expect_all_fail(unknown_mask_bit, DTL_ERR_INVALID_ARGUMENT));
+  RUN_NAMED("unknown_params_flags_bit_is_rejected", expect_all_fail(unknown_flags_bit, DTL_ERR_INVALID_ARGUMENT));
+  RUN(unknown_bits_are_rejected_naming_the_field_and_the_bits);
   if (dt_size > 1) {
     RUN_NAMED("ranks_with_different_k_get_mismatch", expect_all_fail(other_k, DTL_ERR_MISMATCH));
     RUN_NAMED("ranks_with_different_capacity_get_mismatch", expect_all_fail(other_capacity, DTL_ERR_MISMATCH));

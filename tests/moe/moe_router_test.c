@@ -150,8 +150,10 @@ static void bad_input_is_rejected_without_writing(void **state) {
   expect_rejected(nan_prob, 2, 4, 2, &probs, "probability[0][1]");
   float inf_prob[2 * 4] = {0.1f, 0.2f, 0.3f, INFINITY, 0.5f, 0.1f, 0.3f, 0.3f};
   expect_rejected(inf_prob, 2, 4, 2, &probs, "probability[0][3]");
-  dtl_moe_router_params unknown = {.mask = 1u << 9};
-  expect_rejected(ok, 2, 4, 2, &unknown, "mask");
+  dtl_moe_router_params unknown = {.mask = DTL_MOE_ROUTER_SCORES | DTL_BIT(9)};
+  expect_rejected(ok, 2, 4, 2, &unknown, "dtl_moe_router_topk: params.mask=0x201 has unknown bits 0x200");
+  dtl_moe_router_params unknown_flag = {.flags = DTL_BIT(0)};
+  expect_rejected(ok, 2, 4, 2, &unknown_flag, "params.flags=0x1 has unknown bits 0x1");
   dtl_moe_router_params bad_kind = {.mask = DTL_MOE_ROUTER_SCORES, .scores = (dtl_moe_scores)7};
   expect_rejected(ok, 2, 4, 2, &bad_kind, "scores=7");
   expect_rejected(NULL, 2, 4, 2, NULL, "scores=NULL");

@@ -205,7 +205,8 @@ static void plan_tune_overrides_the_defaults_and_explicit_fields_override_it(voi
   assert_true(p->cost.alpha_s == 5e-6 && p->cost.beta_s_per_byte == 1e-9);
   assert_true(p->cost.local_beta_s_per_byte == def.local_beta_s_per_byte);
   dtl_plan_destroy(p);
-  dtl_cost_model only_alpha = {DTL_COST_ALPHA, 7e-6, -1, -1}; /* unmasked fields are not read */
+  dtl_cost_model only_alpha = {.mask = DTL_COST_ALPHA, .alpha_s = 7e-6, .beta_s_per_byte = -1,
+                               .local_beta_s_per_byte = -1}; /* unmasked fields are not read */
   assert_int_equal(dtl_plan_create_with_cost(f->s0r, f->rs1, &only_alpha, &p), DTL_OK);
   assert_true(p->cost.alpha_s == 7e-6 && p->cost.beta_s_per_byte == 1e-9);
   dtl_plan_destroy(p);
@@ -222,10 +223,13 @@ static void bad_cost_models_are_rejected_naming_the_field(void **state) {
     dtl_cost_model c;
     const char *names;
   } bad[] = {
-      {{1u << 3, 0, 0, 0}, "cost->mask=0x8 has unknown bits"},
-      {{DTL_COST_ALPHA, -1e-6, 0, 0}, "cost->alpha_s=-1e-06 (expected finite and >= 0)"},
-      {{DTL_COST_BETA, 0, 1.0 / 0.0, 0}, "cost->beta_s_per_byte=inf"},
-      {{DTL_COST_LOCAL_BETA, 0, 0, 0.0 / 0.0}, "cost->local_beta_s_per_byte=nan"},
+      {{.mask = DTL_BIT(3)},
+       "cost->mask=0x8 has unknown bits 0x8 (known: DTL_COST_ALPHA, DTL_COST_BETA, DTL_COST_LOCAL_BETA)"},
+      {{.mask = DTL_COST_ALPHA | DTL_BIT(40)}, "cost->mask=0x10000000001 has unknown bits 0x10000000000"},
+      {{.flags = DTL_BIT(0)}, "cost->flags=0x1 has unknown bits 0x1 (none are defined)"},
+      {{.mask = DTL_COST_ALPHA, .alpha_s = -1e-6}, "cost->alpha_s=-1e-06 (expected finite and >= 0)"},
+      {{.mask = DTL_COST_BETA, .beta_s_per_byte = 1.0 / 0.0}, "cost->beta_s_per_byte=inf"},
+      {{.mask = DTL_COST_LOCAL_BETA, .local_beta_s_per_byte = 0.0 / 0.0}, "cost->local_beta_s_per_byte=nan"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
     dtl_plan *p = UNTOUCHED_PLAN;

@@ -267,7 +267,7 @@ static void the_cost_model_decides_between_direct_and_hierarchical_all_reduce(vo
   const int64_t shape[2] = {1024, 1024};
   dtl_layout *a = tp_layout(m, DTL_FLOAT32, 2, shape, "P,P"), *b = tp_layout(m, DTL_FLOAT32, 2, shape, "R,R");
   dtl_plan *p;
-  dtl_cost_model bw = {DTL__COST_ALL, 0, 1e-9, 1e-12};
+  dtl_cost_model bw = {.mask = DTL__COST_ALL, .beta_s_per_byte = 1e-9, .local_beta_s_per_byte = 1e-12};
   assert_int_equal(dtl_plan_create_with_cost(a, b, &bw, &p), DTL_OK);
   assert_int_equal(dtl_plan_num_collectives(p), 3);
   assert_int_equal(p->steps[0].kind, DTL__STEP_REDUCE_SCATTER);

@@ -16,8 +16,8 @@ static const char *tp_model_names[4] = {"mpi", "nccl", "bandwidth-only", "latenc
 static int setup_models(void **state) {
   dtl_cost_model_default(DTL_MEMORY_HOST, &tp_models[0]);
   dtl_cost_model_default(DTL_MEMORY_DEVICE, &tp_models[1]);
-  tp_models[2] = (dtl_cost_model){DTL__COST_ALL, 0, 1e-9, 1e-11};
-  tp_models[3] = (dtl_cost_model){DTL__COST_ALL, 1e-6, 0, 0};
+  tp_models[2] = (dtl_cost_model){.mask = DTL__COST_ALL, .beta_s_per_byte = 1e-9, .local_beta_s_per_byte = 1e-11};
+  tp_models[3] = (dtl_cost_model){.mask = DTL__COST_ALL, .alpha_s = 1e-6};
   unsetenv("DTL_PLAN_TUNE");
   return 0;
 }

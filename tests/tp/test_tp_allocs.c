@@ -91,7 +91,7 @@ static void linear_forwards_allocate_nothing_after_the_first(void) {
     uint64_t spm = sp ? DTL_TP_SEQUENCE_PARALLEL : 0;
     for (int gather = 0; gather <= 1; gather++) {
       layer l = {0};
-      dtl_tp_linear_params p = {.mask = spm | (gather ? DTL_TP_GATHER_OUTPUT : 0), .kind = DTL_TP_COLUMN,
+      dtl_tp_linear_params p = {.flags = spm | (gather ? DTL_TP_GATHER_OUTPUT : 0), .kind = DTL_TP_COLUMN,
                                 .in_features = HID, .out_features = FFN, .weight = w, .bias = b};
       CHECK_OK(dtl_tp_linear_create(ctx, &p, &l.lin));
       CHECK_OK(dtl_tp_linear_layouts(l.lin, T, &l.in, &l.out));
@@ -100,7 +100,7 @@ static void linear_forwards_allocate_nothing_after_the_first(void) {
       dtl_tp_linear_destroy(l.lin);
     }
     layer l = {0};
-    dtl_tp_linear_params p = {.mask = spm, .kind = DTL_TP_ROW, .in_features = FFN, .out_features = HID, .weight = wr,
+    dtl_tp_linear_params p = {.flags = spm, .kind = DTL_TP_ROW, .in_features = FFN, .out_features = HID, .weight = wr,
                               .bias = br};
     CHECK_OK(dtl_tp_linear_create(ctx, &p, &l.lin));
     CHECK_OK(dtl_tp_linear_layouts(l.lin, T, &l.in, &l.out));
@@ -115,7 +115,7 @@ static void mlp_forwards_allocate_nothing_after_the_first(void) {
   for (int sp = 0; sp <= 1; sp++)
     for (int act = 0; act <= 1; act++) {
       layer l = {0};
-      dtl_tp_mlp_params p = {.mask = sp ? DTL_TP_SEQUENCE_PARALLEL : 0,
+      dtl_tp_mlp_params p = {.flags = sp ? DTL_TP_SEQUENCE_PARALLEL : 0,
                              .activation = act ? DTL_TP_ACT_GELU : DTL_TP_ACT_SILU_GATED, .hidden = HID, .ffn = FFN,
                              .gate_up = gu, .down = down, .gate_up_bias = gub, .down_bias = db};
       CHECK_OK(dtl_tp_mlp_create(ctx, &p, &l.mlp));
@@ -132,7 +132,7 @@ static void attention_forwards_allocate_nothing_after_the_first(void) {
   float *qkv = reals(30, (QH + 2 * KVH) * HD * HID), *out = reals(31, HID * QH * HD), *qb = reals(32, (QH + 2 * KVH) * HD);
   for (int sp = 0; sp <= 1; sp++) {
     layer l = {0};
-    dtl_tp_attention_params p = {.mask = sp ? DTL_TP_SEQUENCE_PARALLEL : 0, .hidden = HID, .q_heads = QH,
+    dtl_tp_attention_params p = {.flags = sp ? DTL_TP_SEQUENCE_PARALLEL : 0, .hidden = HID, .q_heads = QH,
                                  .kv_heads = KVH, .head_dim = HD, .qkv = qkv, .out = out, .qkv_bias = qb};
     CHECK_OK(dtl_tp_attention_create(ctx, &p, &l.attn));
     CHECK_OK(dtl_tp_attention_layouts(l.attn, T, &l.in, &l.out));
@@ -156,7 +156,7 @@ static void embedding_forwards_allocate_nothing_after_the_first(void) {
   float *table = reals(40, VOCAB * HID);
   for (int sp = 0; sp <= 1; sp++) {
     embed_arg a = {0};
-    dtl_tp_embedding_params p = {.mask = sp ? DTL_TP_SEQUENCE_PARALLEL : 0, .vocab = VOCAB, .hidden = HID,
+    dtl_tp_embedding_params p = {.flags = sp ? DTL_TP_SEQUENCE_PARALLEL : 0, .vocab = VOCAB, .hidden = HID,
                                  .table = table};
     CHECK_OK(dtl_tp_embedding_create(ctx, &p, &a.e));
     dtl_layout *out = NULL;

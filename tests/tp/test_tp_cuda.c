@@ -89,7 +89,7 @@ static void linear_layers_and_the_row_reduction_equal_the_host_exactly(void) {
   float *w = ints(1, OUT * IN, 2), *b = ints(2, OUT, 2), *x = ints(3, T * IN, 2), want[T * OUT], got[T * OUT];
   void *dw = up(w, OUT * IN), *db = up(b, OUT), *dx = up(x, T * IN), *dy = dev_alloc(T * OUT);
   for (int mode = 0; mode < 4; mode++) { /* column, column gathered, column sequence-parallel, row */
-    dtl_tp_linear_params p = {.mask = mode == 1 ? DTL_TP_GATHER_OUTPUT : mode == 2 ? DTL_TP_SEQUENCE_PARALLEL : 0,
+    dtl_tp_linear_params p = {.flags = mode == 1 ? DTL_TP_GATHER_OUTPUT : mode == 2 ? DTL_TP_SEQUENCE_PARALLEL : 0,
                               .kind = mode == 3 ? DTL_TP_ROW : DTL_TP_COLUMN, .in_features = IN, .out_features = OUT,
                               .weight = w, .bias = b};
     dtl_tp_linear *lh = NULL, *ld = NULL;
@@ -128,7 +128,7 @@ static void mlp_block_on_the_device_matches_the_host_path(void) {
         float *x = reals(51, T * H, 1.0f), *gu = reals(52, w * H, 0.5f), *dn = reals(53, H * F, 0.5f);
         float *gub = with_bias ? reals(54, w, 0.5f) : NULL, *dnb = with_bias ? reals(55, H, 0.5f) : NULL;
         float *want = malloc(sizeof(float) * (size_t)(T * H)), *got = malloc(sizeof(float) * (size_t)(T * H));
-        dtl_tp_mlp_params p = {.mask = sp ? DTL_TP_SEQUENCE_PARALLEL : 0,
+        dtl_tp_mlp_params p = {.flags = sp ? DTL_TP_SEQUENCE_PARALLEL : 0,
                                .activation = gated ? DTL_TP_ACT_SILU_GATED : DTL_TP_ACT_GELU, .hidden = H, .ffn = F,
                                .gate_up = gu, .down = dn, .gate_up_bias = gub, .down_bias = dnb};
         dtl_tp_mlp *mh = NULL, *md = NULL;
@@ -163,7 +163,8 @@ static void attention_block_on_the_device_matches_the_host_path(void) {
       float *x = reals(61, T * H, 1.0f), *wqkv = reals(62, W * H, 0.5f), *wo = reals(63, H * Hq * Dh, 0.5f);
       float *bqkv = with_bias ? reals(64, W, 0.5f) : NULL, *bo = with_bias ? reals(65, H, 0.5f) : NULL;
       float *want = malloc(sizeof(float) * (size_t)(T * H)), *got = malloc(sizeof(float) * (size_t)(T * H));
-      dtl_tp_attention_params p = {.mask = (sp ? DTL_TP_SEQUENCE_PARALLEL : 0) | (explicit_scale ? DTL_TP_SCALE : 0),
+      dtl_tp_attention_params p = {.mask = explicit_scale ? DTL_TP_SCALE : 0,
+                                   .flags = sp ? DTL_TP_SEQUENCE_PARALLEL : 0,
                                    .hidden = H, .q_heads = Hq, .kv_heads = Hkv, .head_dim = Dh, .qkv = wqkv,
                                    .out = wo, .qkv_bias = bqkv, .out_bias = bo, .scale = 2.5f};
       dtl_tp_attention *ah = NULL, *ad = NULL;
@@ -193,7 +194,7 @@ static void embedding_on_the_device_is_exact_and_names_ids_outside_the_vocabular
   float *table = ints(71, V * H, 100), got[9 * 6];
   void *dtable = up(table, (size_t)(V * H)), *dy = dev_alloc((size_t)(T * H));
   for (int sp = 0; sp < 2; sp++) {
-    dtl_tp_embedding_params p = {.mask = sp ? DTL_TP_SEQUENCE_PARALLEL : 0, .vocab = V, .hidden = H, .table = dtable};
+    dtl_tp_embedding_params p = {.flags = sp ? DTL_TP_SEQUENCE_PARALLEL : 0, .vocab = V, .hidden = H, .table = dtable};
     dtl_tp_embedding *e = NULL;
     CHECK_OK(dtl_tp_embedding_create(D, &p, &e));
     CHECK_OK(dtl_tp_embedding_forward(e, T, ids, dy));

@@ -84,8 +84,8 @@ static void layouts_that_differ_from_what_a_layer_takes_are_a_mismatch(void) {
   CHECK(untouched(y, 64), "y untouched after a rejected call");
   /* A sequence-parallel MLP takes S(0) and rejects R. */
   float *gu = t_ints(3, 2 * 4 * in, 2), *dn = t_ints(4, in * 4, 2);
-  dtl_tp_mlp_params mp = {.mask = DTL_TP_SEQUENCE_PARALLEL, .activation = DTL_TP_ACT_SILU_GATED, .hidden = in, .ffn = 4,
-                          .gate_up = gu, .down = dn};
+  dtl_tp_mlp_params mp = {.flags = DTL_TP_SEQUENCE_PARALLEL, .activation = DTL_TP_ACT_SILU_GATED, .hidden = in,
+                          .ffn = 4, .gate_up = gu, .down = dn};
   dtl_tp_mlp *m = NULL;
   CHECK_OK(dtl_tp_mlp_create(E.ctx, &mp, &m));
   CHECK_ERROR(dtl_tp_mlp_forward(m, r, x, y), DTL_ERR_MISMATCH, "x_layout");
@@ -108,7 +108,7 @@ static void null_weights_and_missing_arguments_are_named(void) {
   CHECK_ERROR(dtl_tp_linear_create(NULL, &lp, &l), DTL_ERR_INVALID_ARGUMENT, "ctx=NULL");
   lp.weight = w;
   lp.kind = DTL_TP_ROW;
-  lp.mask = DTL_TP_GATHER_OUTPUT;
+  lp.flags = DTL_TP_GATHER_OUTPUT;
   CHECK_ERROR(dtl_tp_linear_create(E.ctx, &lp, &l), DTL_ERR_INVALID_ARGUMENT, "DTL_TP_GATHER_OUTPUT");
   lp.kind = (dtl_tp_linear_kind)7;
   CHECK_ERROR(dtl_tp_linear_create(E.ctx, &lp, &l), DTL_ERR_INVALID_ARGUMENT, "kind=7");
@@ -148,9 +148,93 @@ static void null_weights_and_missing_arguments_are_named(void) {
   o.dtype = DTL_FLOAT16;
   CHECK_OK(dtl_tp_context_create(E.mesh, dtl_mesh_ndim(E.mesh) - 1, &o, &c));
   lp.kind = DTL_TP_COLUMN;
-  lp.mask = 0;
+  lp.flags = 0;
   CHECK_ERROR(dtl_tp_linear_create(c, &lp, &l), DTL_ERR_UNSUPPORTED, "f16");
   dtl_tp_context_destroy(c);
+}
+
+/* mask holds field-presence bits, flags behaviour bits; any other bit (a behaviour bit in mask included)
+ * is rejected, naming the field and the unknown bits. */
+static void unknown_or_misplaced_mask_and_flags_bits_are_rejected_naming_the_field(void) {
+  float w[64] = {0};
+  dtl_tp_linear *l = NULL;
+  dtl_tp_linear_params lp = {.mask = DTL_TP_SEQUENCE_PARALLEL, .kind = DTL_TP_COLUMN, .in_features = 2,
+                             .out_features = 2, .weight = w};
+  CHECK_ERROR(dtl_tp_linear_create(E.ctx, &lp, &l), DTL_ERR_INVALID_ARGUMENT,
+              "dtl_tp_linear_create: params.mask=0x1 has unknown bits 0x1 (none are defined)");
+  lp.mask = 0;
+  lp.flags = DTL_TP_GATHER_OUTPUT | DTL_BIT(4);
+  CHECK_ERROR(dtl_tp_linear_create(E.ctx, &lp, &l), DTL_ERR_INVALID_ARGUMENT,
+              "params.flags=0x12 has unknown bits 0x10 (known: DTL_TP_SEQUENCE_PARALLEL, DTL_TP_GATHER_OUTPUT)");
+  dtl_tp_mlp *m = NULL;
+  dtl_tp_mlp_params mp = {.flags = DTL_BIT(4), .activation = DTL_TP_ACT_GELU, .hidden = 2, .ffn = 2, .gate_up = w,
+                          .down = w};
+  CHECK_ERROR(dtl_tp_mlp_create(E.ctx, &mp, &m), DTL_ERR_INVALID_ARGUMENT,
+              "dtl_tp_mlp_create: params.flags=0x10 has unknown bits 0x10");
+  mp.flags = DTL_TP_GATHER_OUTPUT; /* a bit another struct defines */
+  CHECK_ERROR(dtl_tp_mlp_create(E.ctx, &mp, &m), DTL_ERR_INVALID_ARGUMENT, "params.flags=0x2 has unknown bits 0x2");
+  dtl_tp_attention *a = NULL;
+  dtl_tp_attention_params ap = {.mask = DTL_TP_SEQUENCE_PARALLEL | DTL_TP_SCALE, .hidden = 2, .q_heads = E.tp,
+                                .kv_heads = E.tp, .head_dim = 1, .qkv = w, .out = w, .scale = 1};
+  CHECK_ERROR(dtl_tp_attention_create(E.ctx, &ap, &a), DTL_ERR_INVALID_ARGUMENT,
+              "dtl_tp_attention_create: params.mask=0x5 has unknown bits 0x1 (known: DTL_TP_SCALE)");
+  ap.mask = DTL_TP_SCALE;
+  ap.flags = DTL_TP_SCALE;
+  CHECK_ERROR(dtl_tp_attention_create(E.ctx, &ap, &a), DTL_ERR_INVALID_ARGUMENT,
+              "params.flags=0x4 has unknown bits 0x4");
+  dtl_tp_embedding *e = NULL;
+  dtl_tp_embedding_params ep = {.mask = DTL_BIT(63), .vocab = 4, .hidden = 2, .table = w};
+  CHECK_ERROR(dtl_tp_embedding_create(E.ctx, &ep, &e), DTL_ERR_INVALID_ARGUMENT,
+              "dtl_tp_embedding_create: params.mask=0x8000000000000000 has unknown bits 0x8000000000000000");
+  ep.mask = 0;
+  ep.flags = DTL_BIT(1);
+  CHECK_ERROR(dtl_tp_embedding_create(E.ctx, &ep, &e), DTL_ERR_INVALID_ARGUMENT,
+              "params.flags=0x2 has unknown bits 0x2");
+  dtl_tp_context *c = NULL;
+  dtl_tp_options o = {.mask = DTL_TP_OPT_DTYPE | DTL_TP_SCALE, .dtype = DTL_FLOAT32};
+  CHECK_ERROR(dtl_tp_context_create(E.mesh, 0, &o, &c), DTL_ERR_INVALID_ARGUMENT,
+              "dtl_tp_context_create: opt.mask=0xc has unknown bits 0x4 (known: DTL_TP_OPT_DTYPE)");
+  o = (dtl_tp_options){.flags = DTL_TP_SEQUENCE_PARALLEL};
+  CHECK_ERROR(dtl_tp_context_create(E.mesh, 0, &o, &c), DTL_ERR_INVALID_ARGUMENT, "opt.flags=0x1 has unknown bits 0x1");
+  CHECK(l == NULL && m == NULL && a == NULL && e == NULL && c == NULL, "no object on failure");
+}
+
+/* Outputs documented as optional may be NULL (all of them: the call only checks its arguments); every other
+ * output is required and named when NULL. */
+static void optional_outputs_may_be_null_and_required_ones_are_named(void) {
+  float w[64] = {0};
+  dtl_tp_linear *l = NULL;
+  dtl_tp_linear_params lp = {.kind = DTL_TP_COLUMN, .in_features = 4, .out_features = 4, .weight = w};
+  CHECK_OK(dtl_tp_linear_create(E.ctx, &lp, &l));
+  dtl_layout *in = NULL, *out = NULL;
+  CHECK_OK(dtl_tp_linear_layouts(l, 3, NULL, NULL));
+  CHECK_ERROR(dtl_tp_linear_layouts(l, -1, NULL, NULL), DTL_ERR_INVALID_ARGUMENT, "tokens=-1");
+  CHECK_OK(dtl_tp_linear_layouts(l, 3, &in, NULL));
+  CHECK(in != NULL && dtl_layout_local_count(in) == 12, "in layout of [3, 4] R");
+  CHECK_OK(dtl_tp_linear_layouts(l, 3, NULL, &out));
+  CHECK(out != NULL, "out layout");
+  dtl_tp_embedding *e = NULL;
+  dtl_tp_embedding_params ep = {.vocab = 4, .hidden = 2, .table = w};
+  CHECK_OK(dtl_tp_embedding_create(E.ctx, &ep, &e));
+  CHECK_ERROR(dtl_tp_embedding_layout(e, 3, NULL), DTL_ERR_INVALID_ARGUMENT, "dtl_tp_embedding_layout: out=NULL");
+  CHECK_ERROR(dtl_tp_split(E.ctx, 5, NULL), DTL_ERR_INVALID_ARGUMENT, "dtl_tp_split: out=NULL");
+  CHECK_OK(dtl_tp_attention_heads(E.ctx, E.tp, E.tp, NULL, NULL));
+  dtl_tp_range q = {-1, -1};
+  CHECK_OK(dtl_tp_attention_heads(E.ctx, 2 * E.tp, E.tp, &q, NULL));
+  CHECK(q.offset == 2 * E.rank && q.count == 2, "q heads [%lld, +%lld)", (long long)q.offset, (long long)q.count);
+  /* top-k: values are optional, indices are not. */
+  dtl_layout *lg = NULL;
+  int64_t V = 5, v0, vn, idx[2] = {-7, -7};
+  t_chunk(V, E.tp, E.rank, &v0, &vn);
+  float logits[5] = {0};
+  for (int64_t v = 0; v < vn; v++) logits[v] = (float)(v0 + v == 3);
+  CHECK_OK(dtl_tp_activation_layout(E.ctx, 1, V, dtl_shard(1), &lg));
+  CHECK_OK(dtl_tp_logits_topk(E.ctx, lg, logits, 2, NULL, idx));
+  CHECK(idx[0] == 3 && idx[1] == 0, "top-2 indices %lld %lld (expected 3 0)", (long long)idx[0], (long long)idx[1]);
+  dtl_layout_destroy(lg);
+  dtl_tp_embedding_destroy(e);
+  dtl_layout_destroy(in), dtl_layout_destroy(out);
+  dtl_tp_linear_destroy(l);
 }
 
 static void token_ids_outside_the_vocabulary_name_the_id_and_position(void) {
@@ -198,6 +282,8 @@ int main(int argc, char **argv) {
   RUN(heads_that_cannot_be_split_are_rejected_with_the_numbers);
   RUN(layouts_that_differ_from_what_a_layer_takes_are_a_mismatch);
   RUN(null_weights_and_missing_arguments_are_named);
+  RUN(unknown_or_misplaced_mask_and_flags_bits_are_rejected_naming_the_field);
+  RUN(optional_outputs_may_be_null_and_required_ones_are_named);
   RUN(token_ids_outside_the_vocabulary_name_the_id_and_position);
   RUN(topk_rejects_k_outside_one_to_vocab);
   t_teardown(&E);

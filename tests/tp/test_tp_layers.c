@@ -136,7 +136,7 @@ static void column_linear_with_uneven_out_matches_dense_exactly(void) {
       float *w = t_ints(seed(21), out * in, 3), *b = t_ints(seed(22), out, 3), *x = t_ints(seed(23), T * in, 3);
       double *ref = malloc(sizeof(double) * (size_t)(T * out));
       t_linear(T, in, out, x, w, b, ref);
-      dtl_tp_linear_params p = {.mask = mode == 1 ? DTL_TP_GATHER_OUTPUT : mode == 2 ? DTL_TP_SEQUENCE_PARALLEL : 0,
+      dtl_tp_linear_params p = {.flags = mode == 1 ? DTL_TP_GATHER_OUTPUT : mode == 2 ? DTL_TP_SEQUENCE_PARALLEL : 0,
                                 .kind = DTL_TP_COLUMN, .in_features = in, .out_features = out, .weight = w, .bias = b};
       dtl_tp_linear *l = NULL;
       CHECK_OK(dtl_tp_linear_create(E.ctx, &p, &l));
@@ -166,7 +166,7 @@ static void row_linear_with_uneven_in_matches_dense_exactly_and_adds_bias_once(v
       float *w = t_ints(seed(31), out * in, 3), *b = t_ints(seed(32), out, 3), *x = t_ints(seed(33), T * in, 3);
       double *ref = malloc(sizeof(double) * (size_t)(T * out));
       t_linear(T, in, out, x, w, b, ref);
-      dtl_tp_linear_params p = {.mask = sp ? DTL_TP_SEQUENCE_PARALLEL : 0, .kind = DTL_TP_ROW, .in_features = in,
+      dtl_tp_linear_params p = {.flags = sp ? DTL_TP_SEQUENCE_PARALLEL : 0, .kind = DTL_TP_ROW, .in_features = in,
                                 .out_features = out, .weight = w, .bias = b};
       dtl_tp_linear *l = NULL;
       CHECK_OK(dtl_tp_linear_create(E.ctx, &p, &l));
@@ -266,7 +266,7 @@ static void mlp_block_matches_dense_with_uneven_ffn_and_odd_tokens(void) {
         float *gub = with_bias ? t_reals(seed(54), w, 0.5f) : NULL, *dnb = with_bias ? t_reals(seed(55), H, 0.5f) : NULL;
         double *ref = malloc(sizeof(double) * (size_t)(T * H));
         t_mlp(T, H, F, gated, x, gu, gub, dn, dnb, ref);
-        dtl_tp_mlp_params p = {.mask = sp ? DTL_TP_SEQUENCE_PARALLEL : 0,
+        dtl_tp_mlp_params p = {.flags = sp ? DTL_TP_SEQUENCE_PARALLEL : 0,
                                .activation = gated ? DTL_TP_ACT_SILU_GATED : DTL_TP_ACT_GELU,
                                .hidden = H, .ffn = F, .gate_up = gu, .down = dn, .gate_up_bias = gub, .down_bias = dnb};
         dtl_tp_mlp *m = NULL;
@@ -299,7 +299,7 @@ static void attention_block_matches_dense_with_gqa_and_replicated_kv_heads(void)
       float scale = 1.0f / sqrtf((float)D);
       double *ref = malloc(sizeof(double) * (size_t)(T * H));
       t_attention(T, H, Hq, Hkv, D, scale, x, wqkv, bqkv, wo, bo, ref);
-      dtl_tp_attention_params p = {.mask = sp ? DTL_TP_SEQUENCE_PARALLEL : 0, .hidden = H, .q_heads = Hq,
+      dtl_tp_attention_params p = {.flags = sp ? DTL_TP_SEQUENCE_PARALLEL : 0, .hidden = H, .q_heads = Hq,
                                    .kv_heads = Hkv, .head_dim = D, .qkv = wqkv, .out = wo, .qkv_bias = bqkv, .out_bias = bo};
       dtl_tp_attention *a = NULL;
       CHECK_OK(dtl_tp_attention_create(E.ctx, &p, &a));
@@ -343,7 +343,7 @@ static void vocab_parallel_embedding_is_exact_with_uneven_vocab(void) {
   float *table = t_ints(seed(71), V * H, 100);
   for (int sp = 0; sp < 2; sp++) {
     int64_t T = 9, t0, tn, ids[9] = {0, 10, 5, 5, 3, 7, 1, 9, 2};
-    dtl_tp_embedding_params p = {.mask = sp ? DTL_TP_SEQUENCE_PARALLEL : 0, .vocab = V, .hidden = H, .table = table};
+    dtl_tp_embedding_params p = {.flags = sp ? DTL_TP_SEQUENCE_PARALLEL : 0, .vocab = V, .hidden = H, .table = table};
     dtl_tp_embedding *e = NULL;
     CHECK_OK(dtl_tp_embedding_create(E.ctx, &p, &e));
     dtl_layout *lo = NULL;

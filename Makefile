@@ -36,14 +36,15 @@ configure: $(BUILD)/CMakeCache.txt
 build: configure
 	cmake --build $(BUILD) -j $(JOBS)
 
-# Sub-makes, so that setup has finished before anything is configured, also under make -j.
+# Sub-makes, so that setup has finished before anything is configured, also under make -j. The examples
+# run with DTL_CHECK=1 (README, Errors): one rank's bad call fails every rank instead of hanging.
 demo:
 	@$(SUBMAKE) setup
 	@$(SUBMAKE) build
-	$(MPIRUN) -n $(NP) $(BUILD)/examples/collectives
+	DTL_CHECK=1 $(MPIRUN) -n $(NP) $(BUILD)/examples/collectives
 	@for ex in quickstart tp_transformer moe; do \
 	  if [ -x $(BUILD)/examples/$$ex ]; then echo "== $$ex on $(NP) ranks"; \
-	    $(MPIRUN) -n $(NP) $(BUILD)/examples/$$ex || exit 1; fi; done
+	    DTL_CHECK=1 $(MPIRUN) -n $(NP) $(BUILD)/examples/$$ex || exit 1; fi; done
 
 # The whole suite, then again under AddressSanitizer + UndefinedBehaviorSanitizer (label "sanitize").
 test:

@@ -7,12 +7,14 @@
  * per-round ratios dtl/raw (robust to load that comes and goes on a shared machine). #wrong checks dtl's
  * result.
  * Then the cached-plan overhead: dtl_redistribute minus dtl_plan_execute of the same prebuilt plan (a
- * one-element R->R plan, so no communication hides it), and both calls' time on a plan of one local step (R->S0).
+ * one-element R->R plan, so no communication hides it), and both calls' time on a plan of one local step (R->S0);
+ * the cost of DTL_CHECK per call: the same small redistributions on a mesh whose communicator was made with
+ * DTL_CHECK=0 and on one made with DTL_CHECK=1 (target: < 2 us per call).
  * Targets (issue 3): ratio <= 1.05 where the shard is contiguous (S0->R, P->R, P->S0), <= 1.25 for S1->R and
  * S0->S1 from 1 MiB; cached-plan overhead < 1 us. S1->R and S0->S1 pay one local pass over the shard (unpack
  * or pack), on one node the same cost class as the shared-memory transfer itself.
  * Options (nccl-tests style): -b min bytes, -e max bytes, -f factor (K/M/G suffixes), -n rounds, -w warmup;
- * -c CASE runs one case only (e.g. -c S1-\>R). */
+ * -c CASE runs one case only (e.g. -c S1-\>R; -c check: only the overhead and DTL_CHECK lines). */
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -196,6 +198,81 @@ static void overhead(dtl_mesh *mesh) {
            c0 * 1e6, c1 * 1e6);
 }
 
+/* Per-call time of dtl_redistribute with DTL_CHECK off and on: many short rounds of back-to-back calls on
+ * each mesh, interleaved; each rank keeps its fastest round (load on a shared machine only ever adds), and
+ * the slowest rank's figure is reported. The collectives themselves keep the ranks in step. */
+static void check_cost(void) {
+  char saved[64] = "";
+  const char *env = getenv("DTL_CHECK");
+  if (env) snprintf(saved, sizeof saved, "%s", env);
+  dtl_comm *comm[2];
+  dtl_mesh *mesh[2];
+  int shape1[1] = {nranks};
+  for (int on = 0; on < 2; on++) { /* DTL_CHECK is read when the communicator is made */
+    setenv("DTL_CHECK", on ? "1" : "0", 1);
+    if (dtl_comm_from_mpi(MPI_COMM_WORLD, &comm[on]) != DTL_OK || dtl_mesh_create(comm[on], 1, shape1, &mesh[on]) != DTL_OK) {
+      fprintf(stderr, "dtl_redistribute_perf: %s\n", dtl_last_error());
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+  }
+  if (env) setenv("DTL_CHECK", saved, 1);
+  else unsetenv("DTL_CHECK");
+  if (rank == 0)
+    printf("# DTL_CHECK cost per call (dtl_redistribute, f32, fastest of 41 rounds of 500 (1 KiB) or 50 calls, slowest rank; "
+           "target < 2 us):\n#   %-7s %10s %12s %12s %12s\n", "case", "size", "off us/call", "on us/call", "check us");
+  static const char *from[] = {"S0", "P"}, *to[] = {"R", "R"}, *name[] = {"S0->R", "P->R"};
+  const int64_t sides[] = {16, 128}; /* 1 KiB and 64 KiB */
+  const int rounds = 41; /* many short rounds: one is likely to fall in a quiet moment of a shared machine */
+  for (int si = 0; si < 2; si++) {
+    const int calls = si ? 50 : 500;
+    int64_t n = (sides[si] + nranks - 1) / nranks * nranks, gshape[2] = {n, n};
+    for (int c = 0; c < 2; c++) {
+      dtl_layout *src[2], *dst[2];
+      dtl_placement ps = parse1(from[c]), pd = parse1(to[c]);
+      for (int on = 0; on < 2; on++) {
+        dtl_layout_create(mesh[on], DTL_FLOAT32, 2, gshape, &ps, &src[on]);
+        dtl_layout_create(mesh[on], DTL_FLOAT32, 2, gshape, &pd, &dst[on]);
+      }
+      float *in = calloc((size_t)(n * n) + 1, 4), *out = calloc((size_t)(n * n) + 1, 4);
+      double best[2] = {1e9, 1e9};
+      int failed = 0;
+      for (int r = 0; r < rounds; r++)
+        for (int on = 0; on < 2; on++) {
+          double t0 = MPI_Wtime();
+          for (int i = 0; i < calls; i++) failed |= dtl_redistribute(src[on], in, dst[on], out) != DTL_OK;
+          double t = (MPI_Wtime() - t0) / calls;
+          if (t < best[on]) best[on] = t;
+        }
+      MPI_Allreduce(MPI_IN_PLACE, best, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+      MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT, MPI_LOR, MPI_COMM_WORLD);
+      if (rank == 0)
+        printf("    %-7s %10lld %12.2f %12.2f %12.2f%s\n", name[c], (long long)(n * n * 4), best[0] * 1e6, best[1] * 1e6,
+               (best[1] - best[0]) * 1e6, failed ? "  (a call failed)" : "");
+      free(in);
+      free(out);
+      for (int on = 0; on < 2; on++) {
+        dtl_layout_destroy(src[on]);
+        dtl_layout_destroy(dst[on]);
+      }
+    }
+  }
+  /* The floor: the one all-reduce of three integers that the agreement adds, as a bare MPI call. */
+  double bare = 1e9;
+  for (int r = 0; r < rounds; r++) {
+    int64_t v[3] = {rank, -rank, 0}, g[3];
+    double t0 = MPI_Wtime();
+    for (int i = 0; i < 500; i++) MPI_Allreduce(v, g, 3, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
+    double t = (MPI_Wtime() - t0) / 500;
+    if (t < bare) bare = t;
+  }
+  MPI_Allreduce(MPI_IN_PLACE, &bare, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  if (rank == 0) printf("#   bare MPI_Allreduce of 3 int64 (what the check adds at least): %.2f us/call\n", bare * 1e6);
+  for (int on = 0; on < 2; on++) {
+    dtl_mesh_destroy(mesh[on]);
+    dtl_comm_destroy(comm[on]);
+  }
+}
+
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -288,6 +365,7 @@ int main(int argc, char **argv) {
     }
   }
   overhead(mesh);
+  check_cost();
   free(td);
   free(tr);
   free(tq);

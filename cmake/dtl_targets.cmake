@@ -33,6 +33,9 @@ message(STATUS "dtl: MPI ${DTL_MPI_IMPL}, launch: ${dtl_launch_text}")
 
 set(DTL_MPIEXEC ${MPIEXEC_EXECUTABLE} ${DTL_MPIEXEC_FLAGS})
 set(DTL_MPI_ENV ${DTL_MPIEXEC_ENV})
+# Every test and example runs with DTL_CHECK=1: a rank with a bad argument or another call fails every rank
+# instead of hanging or computing wrong data (tests that need it off set DTL_CHECK=0 before making a comm).
+list(APPEND DTL_MPI_ENV DTL_CHECK=1)
 if(DTL_SANITIZE)
   list(APPEND DTL_MPI_ENV "ASAN_OPTIONS=detect_leaks=0:abort_on_error=0:protect_shadow_gap=0" "UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1")
 elseif(DTL_MPI_IMPL STREQUAL "MPICH" AND DTL_BUILD_TESTS)

@@ -250,8 +250,9 @@ static int cmd_info(int argc, char **argv) {
   print_env("DTL_LOG", "log level: error, warn, info or debug (default warn)");
   print_env("DTL_LOG_SUBSYS", "comma list of subsystems to log (default all)");
   print_env("DTL_LOG_FILE", "log to this file instead of stderr (%h: host name, %p: process id)");
-  print_env("DTL_CHECK", "1: each redistribute first checks that every rank of the mesh makes the same call "
-                         "(DTL_ERR_MISMATCH instead of a hang)");
+  print_env("DTL_CHECK", "1: every collective call (collectives, plans, TP, MoE) first agrees across its ranks on "
+                         "the call and each rank's arguments (an error on every rank instead of a hang or wrong "
+                         "data); read when a communicator is made");
   print_env("DTL_PLAN_TUNE", "override the planner's cost model, e.g. alpha=2e-6,beta=2e-10,local_beta=1e-10");
   /* Whether DTL_PLAN_TUNE parses: plan something trivial with it. */
   if (getenv("DTL_PLAN_TUNE")) {

@@ -4,6 +4,29 @@
  * in that engine's memory. Counts are in elements of the given dtype. All ranks of the communicator must
  * make the same collective calls in the same order with compatible arguments.
  *
+ * Errors on one rank. Every collective entry point of dtl (the calls below, plan execution and the
+ * redistribution helpers, the TP layers and halves, MoE layouts, dispatch and combine) checks all its
+ * arguments and acquires all the memory it needs before its first collective, so a rank can only fail before
+ * it communicates. Collective creation calls (dtl_comm_split, dtl_mesh_create, dtl_tp_context_create and
+ * the TP layer constructors, dtl_moe_layout_create) and dtl_distribute then always agree across the ranks
+ * on success: one small all-reduce, after which either every rank has its object or every rank returns an
+ * error (the failing rank its own message, the others its status with "fn: rank r failed (...)", or
+ * DTL_ERR_MISMATCH naming the ranks whose arguments differ). Per-call entry points agree only when the
+ * communicator was made with the environment variable DTL_CHECK=1 (read once, when dtl_comm_from_mpi /
+ * dtl_comm_from_nccl makes the communicator; a split inherits its parent's setting; every rank must run with
+ * the same setting, which dtl_mesh_create verifies): each then also compares a fingerprint of the call
+ * (name, counts, dtype, op, root, in-place form; layouts, mesh, plan steps and cost model; layer and token
+ * count), so a rank that passes a bad argument or makes another call makes every rank return an error
+ * instead of hanging. The cost is one all-reduce of three integers per call (on NCCL it also waits for the
+ * stream). Without DTL_CHECK, a rank that fails a per-call check returns alone and its peers wait in the
+ * collective, and ranks that pass different counts, shapes, roots or plans get undefined results: DTL_OK
+ * with wrong data is possible. That is the caller's contract violation, as in MPI; DTL_CHECK turns it into an
+ * error. What no agreement can cover: a NULL or aborted communicator (or handle: mesh, layout, context,
+ * layer), which leaves no way to reach the peers; ranks that do not make the call at all; the nonblocking
+ * starts (*_async), which must return without waiting for the peers, and the point-to-point calls, which
+ * involve two ranks only: neither ever agrees; and failures inside
+ * the engine once a collective has started (DTL_ERR_COMM, or a hang if one rank's engine dies).
+ *
  * Threads. A communicator is used by one thread at a time, and so is everything built on it: the
  * communicators split from it, the meshes over it (with their dim communicators and plan cache), the
  * layouts and plans on those meshes while a call uses them, TP contexts and their layers, MoE layouts, and
@@ -36,7 +59,8 @@ DTL_API const char *dtl_comm_backend_name(const dtl_comm *c);
 DTL_API void dtl_comm_destroy(dtl_comm *c);
 
 /* Splits like MPI_Comm_split: ranks with equal color form one new communicator, ordered by key then
- * by old rank. Collective over c. color must be >= 0. */
+ * by old rank. Collective over c, agreed: one rank's bad argument (out=NULL, color < 0) or failure to make
+ * its communicator fails every rank, and none keeps a new communicator. The new one has c's DTL_CHECK. */
 DTL_API dtl_status dtl_comm_split(dtl_comm *c, int color, int key, dtl_comm **out);
 /* Polls the engine for asynchronous errors (NCCL); DTL_ERR_COMM with the engine's message if one occurred. */
 DTL_API dtl_status dtl_comm_check(dtl_comm *c);
@@ -49,8 +73,15 @@ DTL_API dtl_status dtl_barrier(dtl_comm *c);
 /* Buffers. A buffer of zero elements may be NULL. The send and recv buffers of one call must not overlap,
  * except in the in-place form documented on each call; the in-place forms of the all-rank collectives
  * (all_gather(v), all_reduce, reduce_scatter(v), all_to_all(v)) must be used by every rank of the call or by
- * none (an MPI rule). A failed argument check writes no buffer and returns before any communication; a
- * check that only some ranks fail (a root-only buffer, say) leaves the other ranks waiting in the engine. */
+ * none (an MPI rule, checked under DTL_CHECK). A failed argument check writes no buffer and returns before
+ * any communication; a check that only some ranks fail (a root-only buffer, say) fails every rank under
+ * DTL_CHECK and otherwise leaves the other ranks waiting in the engine. Limits of one engine are checked
+ * when the call reaches it, after any agreement: MPI takes at most INT_MAX elements per count and
+ * displacement, which fails every rank alike (DTL_ERR_UNSUPPORTED, before communicating) for a count that
+ * all ranks pass, but in dtl_all_to_allv(_async), whose counts differ by rank, fails alone the rank whose own
+ * packed send or receive extent exceeds INT_MAX, even under DTL_CHECK; NCCL rejects an in-place all-to-all
+ * (every rank of a checked call alike, since the in-place form is part of the fingerprint) and reports a
+ * bad device pointer or stream only as an asynchronous error (DTL_ERR_COMM from a later call). */
 
 /* --- Root-based collectives. root is a rank of c. ------------------------------------------------ */
 /* buf on root is the source, on the others the destination. */
@@ -95,8 +126,10 @@ DTL_API dtl_status dtl_all_to_allv(dtl_comm *c, const void *send, const size_t *
 
 /* --- Nonblocking all-rank collectives. ----------------------------------------------------------------
  * Each *_async call checks its arguments like the blocking form, starts the operation and stores a request
- * in *req. The buffers (and count arrays) belong to the operation until dtl_wait returns: do not touch
- * them before. Every request must be passed to dtl_wait exactly once. A transport without nonblocking
+ * in *req. A start never waits for the peers, so it does not agree even under DTL_CHECK: a rank whose start
+ * fails returns alone, and its peers' requests do not complete. The buffers (and count arrays) belong to
+ * the operation until dtl_wait returns: do not touch them before. Every request must be passed to dtl_wait
+ * exactly once. A transport without nonblocking
  * collectives (NCCL: its calls are already asynchronous on the communicator's stream) returns
  * DTL_ERR_UNSUPPORTED. Blocking and nonblocking collectives on one communicator are started in the same
  * order on every rank, like all collectives. */

@@ -116,13 +116,13 @@ typedef struct {
    * GEMMs. Padding rows of expert_in are zero after dispatch; those of expert_out are never read. */
   int64_t pad_multiple;
   dtl_moe_exchange exchange;
-  /* Non-zero: dispatch and combine first run one small all-reduce on the host communicator that carries
+  /* Non-zero (or DTL_CHECK on count_comm): dispatch and combine first agree on the host communicator on
    * (a) every rank's verdict on its own arguments, so a NULL buffer on one rank fails every rank instead of
    * leaving the others in the all-to-all, and (b) the layout's id, drawn at creation and equal on all ranks
    * of one dtl_moe_layout_create: a rank passing a layout of another creation (e.g. a stale decode step
    * whose counts its peers no longer expect) gets DTL_ERR_MISMATCH on every rank before any row moves.
-   * Layouts of one creation always agree on every count, so nothing else can disagree. Zero saves that
-   * all-reduce (a few microseconds) per call; a mix of layouts then goes undetected (the engine may fail
+   * Layouts of one creation always agree on every count, so nothing else can disagree. Zero (without
+   * DTL_CHECK) saves that all-reduce (a few microseconds) per call; a mix of layouts then goes undetected (the engine may fail
    * with DTL_ERR_COMM, hang or deliver rows to the wrong places). */
   int verify;
   /* A host (MPI) communicator over the same processes in the same rank order as c, for the count exchange
@@ -137,12 +137,18 @@ typedef struct {
  * exchanges the per-expert counts with one all-to-all of integers and allocates the send/receive staging.
  * The layout copies what it needs from ids, weights and p; keep it to dispatch again with the same routing
  * (decode steps) and to combine.
- * Errors on every rank, no hang: if any rank rejects its input (ids outside -1..experts-1, k < 1 or
- * k > experts, a NaN, infinite or negative weight, capacity_factor <= 0, ...) every rank returns
- * DTL_ERR_INVALID_ARGUMENT (the rejecting rank's message names the value). If ranks disagree on what must
- * be common (experts, placement table, k, hidden, dtype, capacity factor, policy, padding, exchange,
- * verify), every rank returns DTL_ERR_MISMATCH: the counts one rank would send would then differ from
- * what its peers expect. Not detectable: ranks that do not call at all (a hang, as for any collective). */
+ * Errors on every rank, no hang: every argument (out and params included) and every allocation whose size
+ * is known beforehand is checked before one agreement; the maps and receive staging sized by the count
+ * exchange are checked by a second one after it. If any rank fails (ids outside -1..experts-1, k < 1 or
+ * k > experts, a NaN, infinite or negative weight, capacity_factor <= 0, out=NULL, no memory, ...) every rank
+ * returns an error: that rank its own message naming the value, the others the same status naming the
+ * rank. If ranks disagree on what must be common (experts, placement table, k, hidden, dtype, capacity
+ * factor, policy, padding, exchange, verify), every rank returns DTL_ERR_MISMATCH naming the argument: the
+ * counts one rank would send would then differ from what its peers expect. The agreement runs on c when it
+ * is a host communicator, on count_comm when c is a device one (no device round trip). Checked on the
+ * calling rank alone, since they leave no channel to the peers: c NULL or aborted, and for a device c a
+ * count_comm that is missing, NULL, a device communicator, aborted or over other ranks. Not detectable:
+ * ranks that do not call at all (a hang, as for any collective). */
 DTL_API dtl_status dtl_moe_layout_create(dtl_comm *c, const dtl_moe_placement *p, int64_t tokens, int k,
                                          const int32_t *ids, const float *weights, int64_t hidden, dtl_dtype dtype,
                                          const dtl_moe_layout_params *params, dtl_moe_layout **out);
@@ -199,7 +205,9 @@ typedef dtl_status (*dtl_moe_expert_fn)(const dtl_moe_expert_batch *b, void *use
 DTL_API dtl_status dtl_moe_expert_scratch(const dtl_moe_expert_batch *b, size_t bytes, void **out);
 
 /* Local. Calls fn once per local expert, in local order, also for experts that received no rows (rows 0).
- * A failing rank must still take part in the combine its peers call (or they wait). */
+ * A failing rank must still take part in the combine its peers call (or they wait). With DTL_CHECK on
+ * count_comm the call is collective instead: the ranks agree on the outcome after running their experts,
+ * so one rank's failure is every rank's error and no rank goes on to combine. */
 DTL_API dtl_status dtl_moe_experts_run(const dtl_moe_layout *L, const void *expert_in, void *expert_out,
                                        dtl_moe_expert_fn fn, void *user);
 

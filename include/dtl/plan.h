@@ -61,7 +61,12 @@ DTL_API dtl_status dtl_plan_create_with_cost(const dtl_layout *src, const dtl_la
  * execution derives (boxes, peer lists, chunking, where each intermediate lives) was computed by
  * dtl_plan_create, so a call reads no environment and allocates nothing, except that a plan's first execution
  * allocates its own workspace (dtl_plan_scratch_bytes bytes in the mesh communicator's memory, kept until
- * dtl_plan_destroy). A plan runs one call at a time, like every call on one mesh. */
+ * dtl_plan_destroy). A plan runs one call at a time, like every call on one mesh. Every check and the
+ * workspace allocation come before the first step; with DTL_CHECK on the mesh's communicator the ranks then
+ * agree on the plan (layouts, mesh, steps, resolved cost model) and on each other's verdict, so a bad buffer,
+ * another plan or another cost model (DTL_PLAN_TUNE) on one rank fails every rank. Planning is local: a rank
+ * whose dtl_plan_create failed must not leave its peers executing (dtl_redistribute plans inside the
+ * agreement, so there a planning failure on one rank fails every rank under DTL_CHECK). */
 DTL_API dtl_status dtl_plan_execute(const dtl_plan *p, const void *src_local, void *dst_local);
 /* The same with scratch from the caller, so that an engine can place it (and replay the plan, e.g. inside a
  * CUDA graph, with no allocation at all): ws holds ws_bytes bytes in the mesh communicator's memory, aligned
@@ -96,7 +101,9 @@ DTL_API void dtl_plan_destroy(dtl_plan *p);
  * memo of the const mesh, see <dtl/mesh.h>) and executes. */
 DTL_API dtl_status dtl_redistribute(const dtl_layout *src, const void *src_local, const dtl_layout *dst, void *dst_local);
 /* The dense tensor on root (read there only) -> this rank's local shard of l, for any layout; a Partial
- * placement gets the value on coordinate 0 and the identity of its op elsewhere (max/min/avg: the value). */
+ * placement gets the value on coordinate 0 and the identity of its op elsewhere (max/min/avg: the value).
+ * Root alone reads and packs, so the call always agrees (with or without DTL_CHECK) on the layout, the root
+ * and every rank's verdict before it communicates: a NULL dense tensor or no memory on root fails every rank. */
 DTL_API dtl_status dtl_distribute(const dtl_layout *l, const void *dense_on_root, int root, void *local);
 /* Any layout -> the dense tensor on every rank (pending Partial reductions applied). */
 DTL_API dtl_status dtl_full_tensor(const dtl_layout *l, const void *local, void *dense);

@@ -30,7 +30,16 @@
  *   communicator they are used by one thread at a time (<dtl/comm.h>). All TP ranks must make the same calls
  *   in the same order with the same shapes.
  * - Failures return a status with a message (dtl_last_error) naming the argument; argument and layout
- *   checks happen before any output is written or any collective starts. */
+ *   checks, and the growth of the context's scratch, happen before any output is written or any collective
+ *   starts (a sequence-parallel input gather included), so a rank can only fail before it communicates.
+ * - Creation is collective and agreed, with or without DTL_CHECK: dtl_tp_context_create over the whole mesh
+ *   (every rank of the mesh makes its context together; tp_dim must be the same everywhere), the layer
+ *   constructors over the TP group. One rank's bad argument or missing memory fails every rank, and no rank
+ *   keeps the object. Forwards, communication halves, top-k and the embedding agree when the mesh's
+ *   communicator has DTL_CHECK (comm.h): on every rank's verdict and on a fingerprint of the call (layer,
+ *   shapes, token count, k, the embedding's ids), so a NULL buffer or another token count on one rank fails
+ *   every rank. Without DTL_CHECK a rank that fails a per-call check returns alone and the others wait. A
+ *   NULL context or layer handle is reported on its rank alone (there is no communicator to tell). */
 #ifndef DTL_TP_H
 #define DTL_TP_H
 

@@ -79,6 +79,11 @@ struct dtl_comm {
   dtl__mem mem; /* the memory of this engine's buffers */
   int rank, size;
   bool aborted;
+  /* DTL_CHECK, read once when the communicator is made (a split inherits its parent's): every collective
+   * entry point agrees on its call before communicating (agree.h). */
+  bool check;
+  void *agree_buf; /* the agreement's staging in device memory (NULL on host communicators) */
+  size_t agree_bytes;
   void *impl; /* the backend's state */
 };
 
@@ -95,7 +100,7 @@ static inline bool dtl__overlap(const void *a, size_t a_bytes, const void *b, si
   return a_bytes && b_bytes && (uintptr_t)a < (uintptr_t)b + b_bytes && (uintptr_t)b < (uintptr_t)a + a_bytes;
 }
 
-/* Allocates a dtl_comm around impl whose buffers live in mem (the backend fills the rest). */
+/* Allocates a dtl_comm around impl whose buffers live in mem (the backend fills the rest); reads DTL_CHECK. */
 dtl_status dtl__comm_new(const dtl__comm_ops *ops, dtl__mem mem, int rank, int size, void *impl, dtl_comm **out);
 
 #ifdef __cplusplus

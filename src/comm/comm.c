@@ -1,8 +1,16 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The public collective entry points: each validates its arguments once, in one place, and then calls the
- * transport's vtable. A failed validation writes no output buffer. */
+ * transport's vtable. A failed validation writes no output buffer. With DTL_CHECK on the communicator, every
+ * collective entry point first agrees with its peers on a fingerprint of the call and on each rank's verdict
+ * (agree.h); dtl_comm_split always agrees, before and after splitting. */
 #include <stdlib.h>
-#include "comm/backend.h"
+#include "comm/agree.h"
+
+/* DTL_CHECK: set, non-empty and not "0". */
+static bool dtl__check_from_env(void) {
+  const char *v = getenv("DTL_CHECK");
+  return v && v[0] && !(v[0] == '0' && v[1] == '\0');
+}
 
 dtl_status dtl__comm_new(const dtl__comm_ops *ops, dtl__mem mem, int rank, int size, void *impl, dtl_comm **out) {
   dtl_comm *c = dtl__calloc(1, sizeof *c);
@@ -12,6 +20,7 @@ dtl_status dtl__comm_new(const dtl__comm_ops *ops, dtl__mem mem, int rank, int s
   c->rank = rank;
   c->size = size;
   c->impl = impl;
+  c->check = dtl__check_from_env();
   *out = c;
   return DTL_OK;
 }
@@ -23,6 +32,7 @@ const char *dtl_comm_backend_name(const dtl_comm *c) { return c ? c->ops->name :
 
 void dtl_comm_destroy(dtl_comm *c) {
   if (!c) return;
+  if (c->agree_buf) dtl__mem_free(&c->mem, c->agree_buf);
   c->ops->destroy(c);
   dtl__free(c);
 }
@@ -94,11 +104,40 @@ static dtl_status dtl__sum_counts(const char *fn, const char *arg, const dtl_com
   return DTL_OK;
 }
 
+/* Returns unless this rank may communicate: local is its verdict on its arguments. With DTL_CHECK the ranks
+ * first agree on it and on fp, the call's fingerprint (evaluated only then). A NULL or aborted communicator
+ * has no way to tell its peers: that rank returns alone. */
+#define DTL__ENTER(c, fn, local, fp)                                  \
+  do {                                                                \
+    dtl_status l_ = (local);                                          \
+    if (l_ != DTL_OK && (!(c) || (c)->aborted)) return l_;            \
+    DTL_TRY(dtl__agree_checked((c), (fn), (fp), l_));                 \
+  } while (0)
+
+/* The fingerprint of a collective call: its name and the values every rank must pass alike. */
+static uint64_t dtl__fp_call(const char *fn, uint64_t a, uint64_t b, uint64_t c, uint64_t d) {
+  return dtl__fp_mix(dtl__fp_mix(dtl__fp_mix(dtl__fp_mix(dtl__fp_str(0, fn), a), b), c), d);
+}
+
 dtl_status dtl_comm_split(dtl_comm *c, int color, int key, dtl_comm **out) {
-  DTL_TRY(dtl__check_comm("dtl_comm_split", c));
-  DTL_CHECK_ARG(out != NULL, "dtl_comm_split", "out=NULL");
-  DTL_CHECK_ARG(color >= 0, "dtl_comm_split", "color=%d (expected >= 0)", color);
-  return c->ops->split(c, color, key, out);
+  static const char fn[] = "dtl_comm_split";
+  DTL_TRY(dtl__check_comm(fn, c));
+  dtl_status local = DTL_OK;
+  if (!out) local = dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "out=NULL");
+  else if (color < 0) local = dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "color=%d (expected >= 0)", color);
+  /* A creation: every rank learns whether all may split (and whether all run with DTL_CHECK alike), and
+   * afterwards whether every rank got its communicator, so that none is left holding one alone. */
+  DTL_TRY(dtl__agree(c, fn, dtl__fp_mix(0x5711ull, c->check), local));
+  dtl_comm *nc = NULL;
+  dtl_status st = c->ops->split(c, color, key, &nc);
+  if (st == DTL_OK) nc->check = c->check;
+  st = dtl__agree(c, fn, 0, st);
+  if (st != DTL_OK) {
+    dtl_comm_destroy(nc);
+    return st;
+  }
+  *out = nc;
+  return DTL_OK;
 }
 
 dtl_status dtl_comm_check(dtl_comm *c) {
@@ -114,58 +153,78 @@ dtl_status dtl_comm_abort(dtl_comm *c) {
 }
 
 dtl_status dtl_barrier(dtl_comm *c) {
-  DTL_TRY(dtl__check_comm("dtl_barrier", c));
+  static const char fn[] = "dtl_barrier";
+  DTL__ENTER(c, fn, dtl__check_comm(fn, c), dtl__fp_call(fn, 0, 0, 0, 0));
   return c->ops->barrier(c);
+}
+
+static dtl_status dtl__args_broadcast(const char *fn, dtl_comm *c, void *buf, size_t count, dtl_dtype t, int root) {
+  size_t bytes;
+  DTL_TRY(dtl__check_common(fn, c, t));
+  DTL_TRY(dtl__check_rank(fn, "root", c, root));
+  return dtl__check_buf(fn, "buf", buf, "count", count, 1, t, &bytes);
 }
 
 dtl_status dtl_broadcast(dtl_comm *c, void *buf, size_t count, dtl_dtype t, int root) {
   static const char fn[] = "dtl_broadcast";
-  size_t bytes;
-  DTL_TRY(dtl__check_common(fn, c, t));
-  DTL_TRY(dtl__check_rank(fn, "root", c, root));
-  DTL_TRY(dtl__check_buf(fn, "buf", buf, "count", count, 1, t, &bytes));
+  DTL__ENTER(c, fn, dtl__args_broadcast(fn, c, buf, count, t, root), dtl__fp_call(fn, count, t, (uint64_t)root, 0));
   return c->ops->broadcast(c, buf, count, t, root);
 }
 
-dtl_status dtl_scatter(dtl_comm *c, const void *send, void *recv, size_t recv_count, dtl_dtype t, int root) {
-  static const char fn[] = "dtl_scatter";
+static dtl_status dtl__args_scatter(const char *fn, dtl_comm *c, const void *send, void *recv, size_t recv_count,
+                                    dtl_dtype t, int root) {
   size_t sbytes, rbytes;
   DTL_TRY(dtl__check_common(fn, c, t));
   DTL_TRY(dtl__check_rank(fn, "root", c, root));
   DTL_TRY(dtl__check_buf(fn, "recv", recv, "recv_count", recv_count, 1, t, &rbytes));
-  if (c->rank == root) {
-    DTL_TRY(dtl__check_buf(fn, "send", send, "recv_count", recv_count, (size_t)c->size, t, &sbytes));
-    DTL_TRY(dtl__check_alias(fn, send, sbytes, recv, rbytes, dtl__ptr_at(recv, send, (size_t)root * rbytes),
-                             "recv == send + root*recv_count on root"));
-  }
+  if (c->rank != root) return DTL_OK;
+  DTL_TRY(dtl__check_buf(fn, "send", send, "recv_count", recv_count, (size_t)c->size, t, &sbytes));
+  return dtl__check_alias(fn, send, sbytes, recv, rbytes, dtl__ptr_at(recv, send, (size_t)root * rbytes),
+                          "recv == send + root*recv_count on root");
+}
+
+dtl_status dtl_scatter(dtl_comm *c, const void *send, void *recv, size_t recv_count, dtl_dtype t, int root) {
+  static const char fn[] = "dtl_scatter";
+  DTL__ENTER(c, fn, dtl__args_scatter(fn, c, send, recv, recv_count, t, root),
+             dtl__fp_call(fn, recv_count, t, (uint64_t)root, 0));
   return c->ops->scatter(c, send, recv, recv_count, t, root);
 }
 
-dtl_status dtl_gather(dtl_comm *c, const void *send, void *recv, size_t send_count, dtl_dtype t, int root) {
-  static const char fn[] = "dtl_gather";
+static dtl_status dtl__args_gather(const char *fn, dtl_comm *c, const void *send, void *recv, size_t send_count,
+                                   dtl_dtype t, int root) {
   size_t sbytes, rbytes;
   DTL_TRY(dtl__check_common(fn, c, t));
   DTL_TRY(dtl__check_rank(fn, "root", c, root));
   DTL_TRY(dtl__check_buf(fn, "send", send, "send_count", send_count, 1, t, &sbytes));
-  if (c->rank == root) {
-    DTL_TRY(dtl__check_buf(fn, "recv", recv, "send_count", send_count, (size_t)c->size, t, &rbytes));
-    DTL_TRY(dtl__check_alias(fn, send, sbytes, recv, rbytes, dtl__ptr_at(send, recv, (size_t)root * sbytes),
-                             "send == recv + root*send_count on root"));
-  }
+  if (c->rank != root) return DTL_OK;
+  DTL_TRY(dtl__check_buf(fn, "recv", recv, "send_count", send_count, (size_t)c->size, t, &rbytes));
+  return dtl__check_alias(fn, send, sbytes, recv, rbytes, dtl__ptr_at(send, recv, (size_t)root * sbytes),
+                          "send == recv + root*send_count on root");
+}
+
+dtl_status dtl_gather(dtl_comm *c, const void *send, void *recv, size_t send_count, dtl_dtype t, int root) {
+  static const char fn[] = "dtl_gather";
+  DTL__ENTER(c, fn, dtl__args_gather(fn, c, send, recv, send_count, t, root),
+             dtl__fp_call(fn, send_count, t, (uint64_t)root, 0));
   return c->ops->gather(c, send, recv, send_count, t, root);
 }
 
-dtl_status dtl_reduce(dtl_comm *c, const void *send, void *recv, size_t count, dtl_dtype t, dtl_reduce_op op, int root) {
-  static const char fn[] = "dtl_reduce";
+static dtl_status dtl__args_reduce(const char *fn, dtl_comm *c, const void *send, void *recv, size_t count,
+                                   dtl_dtype t, dtl_reduce_op op, int root) {
   size_t sbytes, rbytes;
   DTL_TRY(dtl__check_common(fn, c, t));
   DTL_TRY(dtl__check_op(fn, op));
   DTL_TRY(dtl__check_rank(fn, "root", c, root));
   DTL_TRY(dtl__check_buf(fn, "send", send, "count", count, 1, t, &sbytes));
-  if (c->rank == root) {
-    DTL_TRY(dtl__check_buf(fn, "recv", recv, "count", count, 1, t, &rbytes));
-    DTL_TRY(dtl__check_alias(fn, send, sbytes, recv, rbytes, send == recv, "send == recv on root"));
-  }
+  if (c->rank != root) return DTL_OK;
+  DTL_TRY(dtl__check_buf(fn, "recv", recv, "count", count, 1, t, &rbytes));
+  return dtl__check_alias(fn, send, sbytes, recv, rbytes, send == recv, "send == recv on root");
+}
+
+dtl_status dtl_reduce(dtl_comm *c, const void *send, void *recv, size_t count, dtl_dtype t, dtl_reduce_op op, int root) {
+  static const char fn[] = "dtl_reduce";
+  DTL__ENTER(c, fn, dtl__args_reduce(fn, c, send, recv, count, t, op, root),
+             dtl__fp_call(fn, count, t, op, (uint64_t)root));
   return c->ops->reduce(c, send, recv, count, t, op, root);
 }
 
@@ -238,57 +297,120 @@ static dtl_status dtl__args_all_to_allv(const char *fn, dtl_comm *c, const void 
         return dtl__error(DTL_ERR_INVALID_ARGUMENT,
                           "%s: in place (send == recv) with send_counts[%d]=%zu != recv_counts[%d]=%zu", fn, i,
                           send_counts[i], i, recv_counts[i]);
-  return dtl__check_alias(fn, send, sbytes, recv, rbytes, send == recv, "send == recv");
+  DTL_TRY(dtl__check_alias(fn, send, sbytes, recv, rbytes, send == recv, "send == recv"));
+  /* What a rank sends itself it receives from itself: checked here, before any agreement, for every engine. */
+  if (send_counts[c->rank] != recv_counts[c->rank])
+    return dtl__error(DTL_ERR_INVALID_ARGUMENT, "%s: send_counts[%d]=%zu differs from recv_counts[%d]=%zu (this rank's "
+                      "block to itself)", fn, c->rank, send_counts[c->rank], c->rank, recv_counts[c->rank]);
+  return DTL_OK;
 }
 
-dtl_status dtl_all_gather(dtl_comm *c, const void *send, void *recv, size_t send_count, dtl_dtype t) {
-  DTL_TRY(dtl__args_all_gather("dtl_all_gather", c, send, recv, send_count, t));
-  return c->ops->all_gather(c, send, recv, send_count, t);
-}
-
-dtl_status dtl_all_gatherv(dtl_comm *c, const void *send, size_t send_count, void *recv, const size_t *recv_counts,
-                           dtl_dtype t) {
-  DTL_TRY(dtl__args_all_gatherv("dtl_all_gatherv", c, send, send_count, recv, recv_counts, t));
-  return c->ops->all_gatherv(c, send, send_count, recv, recv_counts, t);
-}
-
-dtl_status dtl_all_reduce(dtl_comm *c, const void *send, void *recv, size_t count, dtl_dtype t, dtl_reduce_op op) {
-  DTL_TRY(dtl__args_all_reduce("dtl_all_reduce", c, send, recv, count, t, op));
-  return c->ops->all_reduce(c, send, recv, count, t, op);
-}
-
-dtl_status dtl_reduce_scatter(dtl_comm *c, const void *send, void *recv, size_t recv_count, dtl_dtype t,
-                              dtl_reduce_op op) {
-  DTL_TRY(dtl__args_reduce_scatter("dtl_reduce_scatter", c, send, recv, recv_count, t, op));
-  return c->ops->reduce_scatter(c, send, recv, recv_count, t, op);
-}
-
-dtl_status dtl_reduce_scatterv(dtl_comm *c, const void *send, void *recv, const size_t *recv_counts, dtl_dtype t,
-                               dtl_reduce_op op) {
-  static const char fn[] = "dtl_reduce_scatterv";
+static dtl_status dtl__args_reduce_scatterv(const char *fn, dtl_comm *c, const void *send, void *recv,
+                                            const size_t *recv_counts, dtl_dtype t, dtl_reduce_op op) {
   size_t total, before, sbytes, rbytes;
   DTL_TRY(dtl__check_common(fn, c, t));
   DTL_TRY(dtl__check_op(fn, op));
   DTL_TRY(dtl__sum_counts(fn, "recv_counts", c, recv_counts, &total, &before));
   DTL_TRY(dtl__check_buf(fn, "send", send, "sum(recv_counts)", total, 1, t, &sbytes));
   DTL_TRY(dtl__check_buf(fn, "recv", recv, "recv_counts[rank]", recv_counts[c->rank], 1, t, &rbytes));
-  DTL_TRY(dtl__check_alias(fn, send, sbytes, recv, rbytes, dtl__ptr_at(recv, send, before * dtl_dtype_size(t)),
-                           "recv == send + the counts of the ranks before this one"));
+  return dtl__check_alias(fn, send, sbytes, recv, rbytes, dtl__ptr_at(recv, send, before * dtl_dtype_size(t)),
+                          "recv == send + the counts of the ranks before this one");
+}
+
+/* Whether a call with `each` elements per rank uses the in-place form, a == b + rank * each (part of the
+ * fingerprint: MPI needs every rank or none to). Only where every rank's own block has that same non-zero
+ * size: in the v-forms a rank with an empty block may share a pointer or not, so they leave it out. */
+static uint64_t dtl__in_place_at(const void *a, const void *b, const dtl_comm *c, size_t each, dtl_dtype t) {
+  return each && dtl__ptr_at(a, b, (size_t)c->rank * each * dtl_dtype_size(t));
+}
+
+/* Each all-rank collective twice: the public entry point (argument checks, the DTL_CHECK agreement, the
+ * engine) and the form that layers call after agreeing on their whole call (argument checks, the engine). */
+dtl_status dtl_all_gather(dtl_comm *c, const void *send, void *recv, size_t send_count, dtl_dtype t) {
+  static const char fn[] = "dtl_all_gather";
+  DTL__ENTER(c, fn, dtl__args_all_gather(fn, c, send, recv, send_count, t),
+             dtl__fp_call(fn, send_count, t, dtl__in_place_at(send, recv, c, send_count, t), 0));
+  return c->ops->all_gather(c, send, recv, send_count, t);
+}
+dtl_status dtl__all_gather_agreed(dtl_comm *c, const void *send, void *recv, size_t send_count, dtl_dtype t) {
+  DTL_TRY(dtl__args_all_gather("dtl_all_gather", c, send, recv, send_count, t));
+  return c->ops->all_gather(c, send, recv, send_count, t);
+}
+
+dtl_status dtl_all_gatherv(dtl_comm *c, const void *send, size_t send_count, void *recv, const size_t *recv_counts,
+                           dtl_dtype t) {
+  static const char fn[] = "dtl_all_gatherv";
+  DTL__ENTER(c, fn, dtl__args_all_gatherv(fn, c, send, send_count, recv, recv_counts, t),
+             dtl__fp_call(fn, dtl__fp_sizes(0, recv_counts, c->size), t, 0, 0));
+  return c->ops->all_gatherv(c, send, send_count, recv, recv_counts, t);
+}
+dtl_status dtl__all_gatherv_agreed(dtl_comm *c, const void *send, size_t send_count, void *recv,
+                                   const size_t *recv_counts, dtl_dtype t) {
+  DTL_TRY(dtl__args_all_gatherv("dtl_all_gatherv", c, send, send_count, recv, recv_counts, t));
+  return c->ops->all_gatherv(c, send, send_count, recv, recv_counts, t);
+}
+
+dtl_status dtl_all_reduce(dtl_comm *c, const void *send, void *recv, size_t count, dtl_dtype t, dtl_reduce_op op) {
+  static const char fn[] = "dtl_all_reduce";
+  DTL__ENTER(c, fn, dtl__args_all_reduce(fn, c, send, recv, count, t, op), dtl__fp_call(fn, count, t, op, count && send == recv));
+  return c->ops->all_reduce(c, send, recv, count, t, op);
+}
+dtl_status dtl__all_reduce_agreed(dtl_comm *c, const void *send, void *recv, size_t count, dtl_dtype t,
+                                  dtl_reduce_op op) {
+  DTL_TRY(dtl__args_all_reduce("dtl_all_reduce", c, send, recv, count, t, op));
+  return c->ops->all_reduce(c, send, recv, count, t, op);
+}
+
+dtl_status dtl_reduce_scatter(dtl_comm *c, const void *send, void *recv, size_t recv_count, dtl_dtype t,
+                              dtl_reduce_op op) {
+  static const char fn[] = "dtl_reduce_scatter";
+  DTL__ENTER(c, fn, dtl__args_reduce_scatter(fn, c, send, recv, recv_count, t, op),
+             dtl__fp_call(fn, recv_count, t, op, dtl__in_place_at(recv, send, c, recv_count, t)));
+  return c->ops->reduce_scatter(c, send, recv, recv_count, t, op);
+}
+
+dtl_status dtl_reduce_scatterv(dtl_comm *c, const void *send, void *recv, const size_t *recv_counts, dtl_dtype t,
+                               dtl_reduce_op op) {
+  static const char fn[] = "dtl_reduce_scatterv";
+  DTL__ENTER(c, fn, dtl__args_reduce_scatterv(fn, c, send, recv, recv_counts, t, op),
+             dtl__fp_call(fn, dtl__fp_sizes(0, recv_counts, c->size), t, op, 0));
+  return c->ops->reduce_scatterv(c, send, recv, recv_counts, t, op);
+}
+dtl_status dtl__reduce_scatterv_agreed(dtl_comm *c, const void *send, void *recv, const size_t *recv_counts,
+                                       dtl_dtype t, dtl_reduce_op op) {
+  DTL_TRY(dtl__args_reduce_scatterv("dtl_reduce_scatterv", c, send, recv, recv_counts, t, op));
   return c->ops->reduce_scatterv(c, send, recv, recv_counts, t, op);
 }
 
 dtl_status dtl_all_to_all(dtl_comm *c, const void *send, void *recv, size_t count_per_peer, dtl_dtype t) {
+  static const char fn[] = "dtl_all_to_all";
+  DTL__ENTER(c, fn, dtl__args_all_to_all(fn, c, send, recv, count_per_peer, t),
+             dtl__fp_call(fn, count_per_peer, t, count_per_peer && send == recv, 0));
+  return c->ops->all_to_all(c, send, recv, count_per_peer, t);
+}
+dtl_status dtl__all_to_all_agreed(dtl_comm *c, const void *send, void *recv, size_t count_per_peer, dtl_dtype t) {
   DTL_TRY(dtl__args_all_to_all("dtl_all_to_all", c, send, recv, count_per_peer, t));
   return c->ops->all_to_all(c, send, recv, count_per_peer, t);
 }
 
+/* The counts of an all-to-all-v differ from rank to rank (they agree pairwise), and so does whether a
+ * rank's call is in place (the engine decides from its counts): only the dtype is common. */
 dtl_status dtl_all_to_allv(dtl_comm *c, const void *send, const size_t *send_counts, void *recv,
                            const size_t *recv_counts, dtl_dtype t) {
+  static const char fn[] = "dtl_all_to_allv";
+  DTL__ENTER(c, fn, dtl__args_all_to_allv(fn, c, send, send_counts, recv, recv_counts, t),
+             dtl__fp_call(fn, t, 0, 0, 0));
+  return c->ops->all_to_allv(c, send, send_counts, recv, recv_counts, t);
+}
+dtl_status dtl__all_to_allv_agreed(dtl_comm *c, const void *send, const size_t *send_counts, void *recv,
+                                   const size_t *recv_counts, dtl_dtype t) {
   DTL_TRY(dtl__args_all_to_allv("dtl_all_to_allv", c, send, send_counts, recv, recv_counts, t));
   return c->ops->all_to_allv(c, send, send_counts, recv, recv_counts, t);
 }
 
 /* --- nonblocking forms ----------------------------------------------------------------------------------- */
+/* A start returns without waiting for the peers (MPI lets a program rely on that, e.g. by starting on one rank
+ * and only then telling the next rank to start), so the starts never agree, not even under DTL_CHECK. */
 static dtl_status dtl__check_async(const char *fn, dtl_comm *c, const void *op_fn, dtl_request **req) {
   DTL_CHECK_ARG(req != NULL, fn, "req=NULL");
   DTL_TRY(dtl__check_comm(fn, c));

@@ -18,6 +18,9 @@ typedef struct {
 
 struct dtl_mesh {
   dtl_comm *comm; /* not owned; NULL for an abstract mesh */
+  /* Equal on every rank of one dtl_mesh_create and different across creations (0 for an abstract mesh), so
+   * that a DTL_CHECK fingerprint tells two meshes of one shape apart. */
+  uint64_t id;
   int ndim, size;
   int shape[DTL_MAX_MESH_DIMS];
   int coord[DTL_MAX_MESH_DIMS];

@@ -1,6 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Device meshes: row-major coordinates over a communicator and one sub-communicator per mesh dim. */
+/* Device meshes: row-major coordinates over a communicator and one sub-communicator per mesh dim. Creation
+ * is collective and agreed: every rank gets a mesh or every rank gets an error. */
 #include <stdlib.h>
+#include "comm/agree.h"
 #include "layout/layout_internal.h"
 
 static void dtl__mesh_coord_of_rank(const dtl_mesh *m, int rank, int *coord) {
@@ -68,27 +70,42 @@ int dtl_mesh_is_abstract(const dtl_mesh *m) { return m && m->comm == NULL; }
 dtl_status dtl_mesh_create(dtl_comm *c, int ndim, const int *shape, dtl_mesh **out) {
   static const char fn[] = "dtl_mesh_create";
   DTL_CHECK_ARG(c != NULL, fn, "comm=NULL");
-  DTL_CHECK_ARG(out != NULL, fn, "out=NULL");
-  int64_t prod;
-  DTL_TRY(dtl__mesh_check_shape(fn, ndim, shape, &prod));
-  if (prod != dtl_comm_size(c)) {
+  if (c->aborted) return dtl__error_fn(DTL_ERR_COMM, fn, "the communicator was aborted");
+  /* A creation: every rank's verdict (and the shape, which must be the same everywhere) goes through one
+   * agreement before the first split, so that a rank with bad arguments fails every rank; the same
+   * all-reduce draws the mesh's id. */
+  int64_t prod = 0;
+  dtl_status local = out ? DTL_OK : dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "out=NULL");
+  if (local == DTL_OK) local = dtl__mesh_check_shape(fn, ndim, shape, &prod);
+  if (local == DTL_OK && prod != c->size) {
     char txt[64];
-    return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "shape=%s has %lld ranks but the communicator has %d",
-                         dtl__mesh_shape_text(ndim, shape, txt), (long long)prod, dtl_comm_size(c));
+    local = dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "shape=%s has %lld ranks but the communicator has %d",
+                          dtl__mesh_shape_text(ndim, shape, txt), (long long)prod, c->size);
   }
-  dtl_mesh *m = dtl__mesh_alloc();
-  if (!m) return dtl__error(DTL_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
+  dtl_mesh *m = NULL;
+  if (local == DTL_OK && !(m = dtl__mesh_alloc())) local = dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory");
+  /* DTL_CHECK too: ranks that disagree about it would pair an agreement with another rank's collective. */
+  uint64_t fp = dtl__fp_mix(0x6d657368ull + c->check, (uint64_t)ndim);
+  for (int d = 0; local == DTL_OK && d < ndim; d++) fp = dtl__fp_mix(fp, (uint64_t)shape[d]);
+  int64_t id = dtl__agree_nonce(m, c->rank);
+  dtl_status st = dtl__agree_max(c, fn, fp, local, &id, 1);
+  if (st != DTL_OK) {
+    dtl_mesh_destroy(m);
+    return st;
+  }
   m->comm = c;
+  m->id = (uint64_t)id;
   m->size = (int)prod;
   m->ndim = ndim;
   for (int d = 0; d < ndim; d++) m->shape[d] = shape[d];
-  dtl__mesh_coord_of_rank(m, dtl_comm_rank(c), m->coord);
+  dtl__mesh_coord_of_rank(m, c->rank, m->coord);
   /* Along dim d, ranks sharing every other coordinate form one group; its color is the rank with
-   * coordinate d zeroed, its key the coordinate itself, so the sub-rank equals coord[d]. */
+   * coordinate d zeroed, its key the coordinate itself, so the sub-rank equals coord[d]. Each split agrees
+   * on its outcome over c, so every rank leaves the loop at the same dim. */
   for (int d = 0; d < ndim; d++) {
     int color = 0;
     for (int e = 0; e < ndim; e++) color = color * m->shape[e] + (e == d ? 0 : m->coord[e]);
-    dtl_status st = dtl_comm_split(c, color, m->coord[d], &m->dim_comm[d]);
+    st = dtl_comm_split(c, color, m->coord[d], &m->dim_comm[d]);
     if (st != DTL_OK) {
       dtl_mesh_destroy(m);
       return dtl__error_prefix(st, "%s: splitting mesh dim %d", fn, d);

@@ -6,30 +6,20 @@
 #include <stdlib.h>
 #include <string.h>
 #include "common/half.h"
+#include "comm/agree.h"
 #include "moe/moe_internal.h"
 
 static char *dtl__row(const void *base, int64_t row, size_t row_bytes) {
   return base ? (char *)base + (size_t)row * row_bytes : NULL;
 }
 
-/* Runs on every rank before any row moves. Each rank's verdict on its own arguments travels with the layout
- * id through one all-reduce, so a bad argument or a stale layout on one rank fails every rank instead of
- * leaving the others in an all-to-all that never completes. Without verify, a rank with bad arguments
- * returns at once. */
+/* Runs on every rank before any row moves, with verify (the layout's default) or DTL_CHECK on count_comm:
+ * each rank's verdict on its own arguments and the layout id go through one agreement on the host count_comm,
+ * so a bad argument or a stale layout on one rank fails every rank instead of leaving the others in an
+ * all-to-all that never completes. Without either, a rank with bad arguments returns at once. */
 static dtl_status dtl__moe_agree(dtl_moe_layout *L, const char *fn, dtl_status local) {
-  if (!L->verify || L->size == 1) return local;
-  int64_t a[3] = {L->id, -L->id, local == DTL_OK ? -(int64_t)L->size : -(int64_t)L->rank}, g[3];
-  DTL_TRY(dtl_all_reduce(L->count_comm, a, g, 3, DTL_INT64, DTL_MAX));
-  if (local != DTL_OK) return local;
-  if (g[2] != -(int64_t)L->size)
-    return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "rank %lld rejected its arguments (see its dtl_last_error)",
-                         (long long)-g[2]);
-  if (g[0] != L->id || g[1] != -L->id)
-    return dtl__error_fn(DTL_ERR_MISMATCH, fn,
-                         "ranks passed layouts from different dtl_moe_layout_create calls (this rank's id %lld, "
-                         "ids range over %lld..%lld): their counts need not match", (long long)L->id,
-                         (long long)-g[1], (long long)g[0]);
-  return DTL_OK;
+  if (!L->verify && !L->count_comm->check) return local;
+  return dtl__agree(L->count_comm, fn, (uint64_t)L->id, local);
 }
 
 static dtl_status dtl__check_buffers(const char *fn, const dtl_moe_layout *L, const void *tokens_buf,
@@ -90,7 +80,7 @@ dtl_status dtl_moe_layout_dispatch(dtl_moe_layout *L, const void *x, void *exper
   bool staged = L->exchange == DTL_MOE_EXCHANGE_SINGLE;
   void *region = staged ? L->recv_buf : expert_in;
   for (int i = 0; i < L->calls; i++)
-    DTL_TRY(dtl_all_to_allv(c, dtl__row(L->send_buf, L->send_base[i], rb), L->send_counts + (size_t)i * L->size,
+    DTL_TRY(dtl__all_to_allv_agreed(c, dtl__row(L->send_buf, L->send_base[i], rb), L->send_counts + (size_t)i * L->size,
                             dtl__row(region, L->recv_base[i], rb), L->recv_counts + (size_t)i * L->size, L->dtype));
   return dtl__moe_move(L, L->regroup, L->nregroup, &L->dev_regroup, false, L->recv_buf, NULL, expert_in, 0);
 }
@@ -185,7 +175,7 @@ dtl_status dtl_moe_layout_combine(dtl_moe_layout *L, const void *expert_out, voi
   DTL_TRY(dtl__moe_move(L, L->regroup, L->nregroup, &L->dev_regroup, true, expert_out, NULL, L->recv_buf, 0));
   const void *region = staged ? L->recv_buf : expert_out;
   for (int i = 0; i < L->calls; i++)
-    DTL_TRY(dtl_all_to_allv(c, dtl__row(region, L->recv_base[i], rb), L->recv_counts + (size_t)i * L->size,
+    DTL_TRY(dtl__all_to_allv_agreed(c, dtl__row(region, L->recv_base[i], rb), L->recv_counts + (size_t)i * L->size,
                             dtl__row(L->send_buf, L->send_base[i], rb), L->send_counts + (size_t)i * L->size,
                             L->dtype));
   if (c->mem.ops->memory == DTL_MEMORY_DEVICE) {

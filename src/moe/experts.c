@@ -5,13 +5,13 @@
 #include <stdint.h>
 #include <math.h>
 #include <stdlib.h>
+#include "comm/agree.h"
 #include "moe/moe_internal.h"
 #include "compute/gemm.h"
 
-dtl_status dtl_moe_experts_run(const dtl_moe_layout *L, const void *expert_in, void *expert_out, dtl_moe_expert_fn fn,
-                               void *user) {
+static dtl_status dtl__moe_experts_loop(const dtl_moe_layout *L, const void *expert_in, void *expert_out,
+                                        dtl_moe_expert_fn fn, void *user) {
   static const char name[] = "dtl_moe_experts_run";
-  DTL_CHECK_ARG(L != NULL, name, "layout=NULL");
   DTL_CHECK_ARG(fn != NULL, name, "fn=NULL");
   DTL_CHECK_ARG(L->expert_rows == 0 || (expert_in && expert_out), name, "%s=NULL with %lld expert rows",
                 expert_in ? "expert_out" : "expert_in", (long long)L->expert_rows);
@@ -54,6 +54,15 @@ dtl_status dtl_moe_expert_scratch(const dtl_moe_expert_batch *b, size_t bytes, v
   }
   *out = ws->p;
   return DTL_OK;
+}
+
+/* Under DTL_CHECK (on count_comm) the ranks agree on the outcome afterwards, so that a rank whose experts
+ * failed does not leave its peers waiting in the combine. */
+dtl_status dtl_moe_experts_run(const dtl_moe_layout *L, const void *expert_in, void *expert_out, dtl_moe_expert_fn fn,
+                               void *user) {
+  DTL_CHECK_ARG(L != NULL, "dtl_moe_experts_run", "layout=NULL");
+  dtl_status st = dtl__moe_experts_loop(L, expert_in, expert_out, fn, user);
+  return L->count_comm->check ? dtl__agree(L->count_comm, "dtl_moe_experts_run", (uint64_t)L->id, st) : st;
 }
 
 /* C[m, n] = A[m, kk] B[n, kk]^T, row-major f32 on the host. */

@@ -1,11 +1,11 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Collective creation of a dispatch layout: local validation and drops, one agreement all-reduce (every
+/* Collective creation of a dispatch layout: local validation, drops and allocations, one agreement (every
  * rank learns whether any rank failed and whether all agree on the common arguments, so bad input never
- * leaves a peer waiting), one all-to-all of the per-expert counts, then the pack, regroup and combine maps
- * that dispatch and combine replay without recomputation. */
+ * leaves a peer waiting), one all-to-all of the per-expert counts, the pack, regroup and combine maps that
+ * dispatch and combine replay without recomputation, and a last agreement on the outcome. */
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
+#include "comm/agree.h"
 #include "moe/moe_internal.h"
 
 static const char fn[] = "dtl_moe_layout_create";
@@ -15,18 +15,10 @@ enum { F_PLACEMENT, F_K, F_HIDDEN, F_DTYPE, F_CAPACITY, F_POLICY, F_PAD, F_EXCHA
 static const char *const dtl__field_name[F_COUNT] = {
     "experts or the expert->rank placement", "k", "hidden", "dtype", "capacity_factor", "drop_policy",
     "pad_multiple", "exchange", "verify"};
-/* Agreement vector (all-reduced with MAX): each field as (v, -v), so max(v) == -max(-v) iff all ranks agree,
- * then -(failing rank or size), the failing status, the largest remote send in bytes and a nonce. */
-enum { A_FAIL = 2 * F_COUNT, A_STATUS, A_BYTES, A_NONCE, A_COUNT };
+/* Values reduced with MAX beside the agreement: the largest remote send in bytes (the exchange choice) and
+ * the layout id (the largest of every rank's nonce). */
+enum { X_BYTES, X_ID, X_COUNT };
 
-static uint64_t dtl__mix(uint64_t h, uint64_t v) {
-  h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
-  h ^= h >> 30;
-  h *= 0xbf58476d1ce4e5b9ull;
-  h ^= h >> 27;
-  h *= 0x94d049bb133111ebull;
-  return h ^ (h >> 31);
-}
 /* Non-negative and far from INT64_MIN, so that its negation is exact. */
 static int64_t dtl__h62(uint64_t h) { return (int64_t)(h >> 2); }
 
@@ -40,7 +32,9 @@ typedef struct {
   dtl_comm *count_comm;
 } dtl__moe_opts;
 
-/* Checks that need no peer and would leave no way to talk to one: the rank returns at once. */
+/* The checks of the two communicators. The agreement runs on c when it is a host communicator (then every
+ * failure here is agreed), on count_comm when c is a device one (so that creation costs no device round
+ * trip): then a count_comm that cannot carry it fails this rank alone, as dtl_moe_layout_create states. */
 static dtl_status dtl__resolve_comms(dtl_comm *c, const dtl_moe_layout_params *prm, dtl__moe_opts *o) {
   o->count_comm = c;
   if (prm && (prm->mask & DTL_MOE_LAYOUT_COUNT_COMM)) o->count_comm = prm->count_comm;
@@ -152,35 +146,38 @@ void dtl_moe_layout_destroy(dtl_moe_layout *L) {
 }
 
 static void dtl__agreement_fields(const dtl_moe_placement *p, int k, int64_t hidden, dtl_dtype dtype,
-                                  const dtl__moe_opts *o, int64_t *v) {
-  uint64_t h = dtl__mix(0, (uint64_t)p->experts);
-  for (int e = 0; e < p->experts; e++) h = dtl__mix(h, (uint64_t)p->owner[e]);
+                                  const dtl__moe_opts *o, int64_t *f) {
+  uint64_t h = dtl__fp_mix(0, (uint64_t)p->experts);
+  for (int e = 0; e < p->experts; e++) h = dtl__fp_mix(h, (uint64_t)p->owner[e]);
   uint64_t fbits = 0;
   memcpy(&fbits, &o->factor, sizeof fbits);
-  int64_t f[F_COUNT] = {
-      [F_PLACEMENT] = dtl__h62(h),
-      [F_K] = k,
-      [F_HIDDEN] = hidden,
-      [F_DTYPE] = dtype,
-      [F_CAPACITY] = o->has_capacity ? dtl__h62(dtl__mix(1, fbits)) : 0,
-      [F_POLICY] = o->policy,
-      [F_PAD] = o->pad,
-      [F_EXCHANGE] = o->exchange,
-      [F_VERIFY] = o->verify,
-  };
+  f[F_PLACEMENT] = dtl__h62(h);
+  f[F_K] = k;
+  f[F_HIDDEN] = hidden;
+  f[F_DTYPE] = dtype;
+  f[F_CAPACITY] = o->has_capacity ? dtl__h62(dtl__fp_mix(1, fbits)) : 0;
+  f[F_POLICY] = o->policy;
+  f[F_PAD] = o->pad;
+  f[F_EXCHANGE] = o->exchange;
+  f[F_VERIFY] = o->verify;
+}
+
+/* After the agreement found the ranks' fingerprints different (every rank then gets here, none having
+ * failed): one more all-reduce of the fields as (v, -v) names the first that differs. */
+static dtl_status dtl__name_mismatch(dtl_comm *a, const int64_t *f, int rank) {
+  int64_t v[2 * F_COUNT];
   for (int i = 0; i < F_COUNT; i++) {
     v[2 * i] = f[i];
     v[2 * i + 1] = -f[i];
   }
-}
-
-static int64_t dtl__nonce(const void *salt, int rank) {
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  uint64_t h = dtl__mix((uint64_t)ts.tv_sec, (uint64_t)ts.tv_nsec);
-  h = dtl__mix(h, (uint64_t)(uintptr_t)salt);
-  h = dtl__mix(h, (uint64_t)rank);
-  return dtl__h62(h) | 1; /* never 0 */
+  if (dtl__comm_max_i64(a, v, 2 * F_COUNT) != DTL_OK) return DTL_ERR_MISMATCH;
+  for (int i = 0; i < F_COUNT; i++)
+    if (v[2 * i] != f[i] || v[2 * i + 1] != -f[i])
+      return dtl__error_fn(DTL_ERR_MISMATCH, fn,
+                           "ranks disagree on %s (this rank %d passes %lld; values range over %lld..%lld), so the "
+                           "counts they would exchange cannot match", dtl__field_name[i], rank, (long long)f[i],
+                           (long long)-v[2 * i + 1], (long long)v[2 * i]);
+  return DTL_ERR_MISMATCH;
 }
 
 static void *dtl__xcalloc(size_t n, size_t size, bool *ok) {
@@ -360,17 +357,21 @@ dtl_status dtl_moe_layout_create(dtl_comm *c, const dtl_moe_placement *p, int64_
                                  const float *weights, int64_t hidden, dtl_dtype dtype,
                                  const dtl_moe_layout_params *params, dtl_moe_layout **out) {
   DTL_CHECK_ARG(c != NULL, fn, "comm=NULL");
-  DTL_CHECK_ARG(out != NULL, fn, "out=NULL");
+  if (c->aborted) return dtl__error_fn(DTL_ERR_COMM, fn, "the communicator was aborted");
   dtl__moe_opts o = {.pad = 1, .verify = true};
-  DTL_TRY(dtl__resolve_comms(c, params, &o));
+  dtl_status local = dtl__resolve_comms(c, params, &o);
+  dtl_comm *agree_on = c->mem.ops->memory == DTL_MEMORY_HOST ? c : o.count_comm;
+  if (agree_on != c && local != DTL_OK) return local; /* no host channel to tell the peers (moe.h) */
 
-  /* 1. Local: validation, drops, the route and the send staging (all before the agreement, so that a
-   * failure here reaches every rank). */
+  /* 1. Local: validation, drops, the route and every buffer whose size is known before the count exchange
+   * (all before the agreement, so that a failure here reaches every rank). */
   dtl__moe_route route = {0};
-  dtl_moe_layout *L = dtl__calloc(1, sizeof *L);
-  dtl_status local = L ? DTL_OK : dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory");
+  dtl_moe_layout *L = NULL;
+  int64_t *cout = NULL, *cin = NULL, remote_rows = 0;
+  if (local == DTL_OK && !out) local = dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "out=NULL");
+  if (local == DTL_OK && !(L = dtl__calloc(1, sizeof *L)))
+    local = dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory");
   if (local == DTL_OK) local = dtl__check_local(c, p, tokens, k, ids, weights, hidden, dtype, params, &o);
-  int64_t remote_rows = 0;
   if (local == DTL_OK) {
     L->comm = c;
     L->count_comm = o.count_comm;
@@ -391,7 +392,7 @@ dtl_status dtl_moe_layout_create(dtl_comm *c, const dtl_moe_placement *p, int64_
   if (local == DTL_OK) {
     for (int e = 0; e < p->experts; e++)
       if (p->owner[e] != c->rank) remote_rows += route.kept[e];
-    size_t pairs = (size_t)(tokens * k);
+    size_t pairs = (size_t)(tokens * k), PJ = (size_t)c->size * (size_t)p->max_local;
     L->kept = dtl__malloc(sizeof(int64_t) * (size_t)p->experts);
     L->dropped = dtl__malloc(sizeof(int64_t) * (size_t)p->experts);
     L->weights = dtl__malloc(sizeof(float) * (pairs ? pairs : 1));
@@ -399,7 +400,10 @@ dtl_status dtl_moe_layout_create(dtl_comm *c, const dtl_moe_placement *p, int64_
     L->combine_in = dtl__malloc(sizeof(void *) * (size_t)k);
     L->combine_w = dtl__malloc(sizeof(float) * (size_t)k);
     L->expert_ws = dtl__calloc(1, sizeof *L->expert_ws);
-    if (L->kept && L->dropped && L->weights && L->local_ids && L->combine_in && L->combine_w && L->expert_ws) {
+    cout = dtl__calloc(PJ, sizeof(int64_t));
+    cin = dtl__calloc(PJ, sizeof(int64_t));
+    if (L->kept && L->dropped && L->weights && L->local_ids && L->combine_in && L->combine_w && L->expert_ws && cout &&
+        cin) {
       memcpy(L->local_ids, p->by_rank + p->first[c->rank], sizeof(int) * (size_t)L->local_experts);
       memcpy(L->kept, route.kept, sizeof(int64_t) * (size_t)p->experts);
       memcpy(L->dropped, route.dropped, sizeof(int64_t) * (size_t)p->experts);
@@ -410,75 +414,55 @@ dtl_status dtl_moe_layout_create(dtl_comm *c, const dtl_moe_placement *p, int64_
     }
   }
 
-  /* 2. Agreement. */
-  int64_t a[A_COUNT] = {0}, g[A_COUNT];
-  if (local == DTL_OK) dtl__agreement_fields(p, k, hidden, dtype, &o, a);
-  a[A_FAIL] = -(int64_t)(local == DTL_OK ? c->size : c->rank);
-  a[A_STATUS] = (int64_t)local;
-  a[A_BYTES] = remote_rows * (int64_t)(L ? L->row_bytes : 0);
-  a[A_NONCE] = dtl__nonce(L, c->rank);
-  dtl_status st = dtl_all_reduce(o.count_comm, a, g, A_COUNT, DTL_INT64, DTL_MAX);
+  /* 2. Agreement, on the verdicts and on the arguments every rank must pass alike. */
+  int64_t f[F_COUNT] = {0}, x[X_COUNT] = {[X_BYTES] = remote_rows * (int64_t)(L ? L->row_bytes : 0),
+                                          [X_ID] = dtl__agree_nonce(L, c->rank)};
+  uint64_t fp = 0;
+  if (local == DTL_OK) {
+    dtl__agreement_fields(p, k, hidden, dtype, &o, f);
+    for (int i = 0; i < F_COUNT; i++) fp = dtl__fp_mix(fp, (uint64_t)f[i]);
+  }
+  dtl_status st = dtl__agree_max(agree_on, fn, fp, local, x, X_COUNT);
+  if (st == DTL_ERR_MISMATCH && local == DTL_OK) st = dtl__name_mismatch(agree_on, f, c->rank);
   if (st != DTL_OK) goto fail;
-  if (local != DTL_OK) {
-    st = local; /* this rank's own message stands */
-    goto fail;
-  }
-  if (g[A_FAIL] != -(int64_t)c->size) {
-    st = (dtl_status)g[A_STATUS];
-    dtl__error_fn(st, fn, "rank %lld rejected its arguments (%s; see its dtl_last_error)", (long long)-g[A_FAIL],
-                  dtl_status_name(st));
-    goto fail;
-  }
-  for (int i = 0; i < F_COUNT; i++)
-    if (g[2 * i] != a[2 * i] || g[2 * i + 1] != a[2 * i + 1]) {
-      st = dtl__error_fn(DTL_ERR_MISMATCH, fn,
-                         "ranks disagree on %s (this rank %d passes %lld; values range over %lld..%lld), so the "
-                         "counts they would exchange cannot match", dtl__field_name[i], c->rank, (long long)a[2 * i],
-                         (long long)-g[2 * i + 1], (long long)g[2 * i]);
-      goto fail;
-    }
-  L->id = g[A_NONCE];
+  L->id = x[X_ID];
 
   /* 3. How the rows travel: the same decision on every rank, from agreed values. */
   const int P = c->size, J = p->max_local;
   dtl_moe_exchange ex = o.exchange;
   if (ex == DTL_MOE_EXCHANGE_AUTO) {
-    int64_t avg = P > 1 ? g[A_BYTES] / ((int64_t)J * (P - 1)) : 0;
+    int64_t avg = P > 1 ? x[X_BYTES] / ((int64_t)J * (P - 1)) : 0;
     ex = (J == 1 || avg >= DTL_MOE_SINGLE_EXCHANGE_BYTES) ? DTL_MOE_EXCHANGE_PER_EXPERT : DTL_MOE_EXCHANGE_SINGLE;
   }
   if (J == 1) ex = DTL_MOE_EXCHANGE_PER_EXPERT; /* the two are the same then, without a regroup */
   L->exchange = ex;
   L->calls = P == 1 ? 0 : ex == DTL_MOE_EXCHANGE_PER_EXPERT ? J : 1;
 
-  /* 4. The count exchange: block d of the message holds the rows this rank sends to each of d's experts. */
-  int64_t *cout = dtl__calloc((size_t)P * (size_t)J, sizeof(int64_t));
-  int64_t *cin = dtl__calloc((size_t)P * (size_t)J, sizeof(int64_t));
-  if (!cout || !cin) {
-    dtl__free(cout);
-    dtl__free(cin);
-    st = dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory");
-    goto fail;
-  }
+  /* 4. The count exchange: block d of the message holds the rows this rank sends to each of d's experts.
+   * The maps and the receive staging depend on what arrives, so a last agreement (on count_comm, always a
+   * host communicator) settles whether every rank got them. */
   for (int d = 0; d < P; d++)
     for (int j = 0; j < p->first[d + 1] - p->first[d]; j++) cout[(size_t)d * J + j] = route.kept[p->by_rank[p->first[d] + j]];
-  st = dtl_all_to_all(o.count_comm, cout, cin, (size_t)J, DTL_INT64);
+  st = dtl__all_to_all_agreed(o.count_comm, cout, cin, (size_t)J, DTL_INT64);
   if (st == DTL_OK) st = dtl__build_maps(L, p, &route, cin, o.pad);
-  dtl__free(cout);
-  dtl__free(cin);
-  if (st != DTL_OK) goto fail;
-  if (L->recv_rows > 0) {
+  if (st == DTL_OK && L->recv_rows > 0) {
     size_t bytes;
     if (!dtl__mul_size((size_t)L->recv_rows, L->row_bytes, &bytes))
       st = dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "receive staging of %lld rows overflows", (long long)L->recv_rows);
-    else /* an allocation failure here is reported on this rank only: its peers' layouts are built */
+    else
       st = dtl__mem_alloc(&c->mem, bytes, &L->recv_buf);
-    if (st != DTL_OK) goto fail;
   }
-  if (c->mem.ops->memory == DTL_MEMORY_DEVICE && (st = dtl__upload_maps(L)) != DTL_OK) goto fail;
+  if (st == DTL_OK && c->mem.ops->memory == DTL_MEMORY_DEVICE) st = dtl__upload_maps(L);
+  st = dtl__agree(o.count_comm, fn, 0, st);
+  if (st != DTL_OK) goto fail;
+  dtl__free(cout);
+  dtl__free(cin);
   dtl__moe_route_free(&route);
   *out = L;
   return DTL_OK;
 fail:
+  dtl__free(cout);
+  dtl__free(cin);
   dtl__moe_route_free(&route);
   dtl_moe_layout_destroy(L);
   return st;

@@ -35,16 +35,11 @@ static dtl_status dtl__own_workspace(const char *fn, struct dtl__plan_exec *x, c
   return DTL_OK;
 }
 
-dtl_status dtl__plan_run(const char *fn, const dtl_plan *p, const void *src_local, void *dst_local, bool own,
-                                void *ws, size_t ws_bytes) {
-  DTL_CHECK_ARG(p != NULL, fn, "plan=NULL");
-  const dtl_mesh *mesh = p->src.mesh;
-  DTL_CHECK_ARG(mesh != NULL && mesh == p->dst.mesh, fn, "plan's source and target layouts are on different meshes");
-  DTL_CHECK_ARG(mesh->comm != NULL, fn, "the plan's mesh is abstract (dtl_mesh_create_abstract): it has no "
-                "communicators, so its plans can be explained but not executed");
+/* The checks of one call that depend on this rank's buffers, and its workspace (the plan's own, grown when
+ * own, or the caller's ws of ws_bytes): *L gets the placement for the buffers, *ws the scratch. */
+static dtl_status dtl__run_args(const char *fn, const dtl_plan *p, const void *src_local, void *dst_local, bool own,
+                                void **ws, size_t ws_bytes, const dtl__ex_layout **L) {
   struct dtl__plan_exec *x = p->exec;
-  if (!x) return dtl__error_fn(DTL_ERR_INTERNAL, fn, "the plan was never compiled (plans come from dtl_plan_create)");
-  if (mesh->comm->aborted) return dtl__error_fn(DTL_ERR_COMM, fn, "the mesh's communicator was aborted");
   size_t es = dtl_dtype_size(p->src.dtype), a0 = p->src.local_count, d0 = p->dst.local_count;
   DTL_CHECK_ARG(src_local != NULL || a0 == 0, fn, "src_local=NULL with %zu local elements", a0);
   DTL_CHECK_ARG(dst_local != NULL || d0 == 0, fn, "dst_local=NULL with %zu local elements", d0);
@@ -59,18 +54,33 @@ dtl_status dtl__plan_run(const char *fn, const dtl_plan *p, const void *src_loca
     return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "src_local=%p and dst_local=%p overlap, which only a purely "
                          "local plan allows when they are the same pointer (this plan has %d collective steps)",
                          src_local, dst_local, x->comm_steps);
-  const dtl__ex_layout *L = &x->place[aliased];
-  size_t need = L->scr * es;
+  *L = &x->place[aliased];
+  size_t need = (*L)->scr * es;
+  if (own) return dtl__own_workspace(fn, x, p->src.mesh->comm, need, ws);
+  if (ws_bytes < need)
+    return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "ws_bytes=%zu is too small: this call needs %zu bytes "
+                         "(dtl_plan_workspace_bytes gives %zu, enough for every call of the plan)", ws_bytes, need,
+                         x->ws_bytes);
+  DTL_CHECK_ARG(*ws != NULL || need == 0, fn, "ws=NULL but this call needs %zu bytes of workspace", need);
+  return DTL_OK;
+}
+
+dtl_status dtl__plan_run(const char *fn, const dtl_plan *p, const void *src_local, void *dst_local, bool own,
+                         void *ws, size_t ws_bytes) {
+  DTL_CHECK_ARG(p != NULL, fn, "plan=NULL");
+  const dtl_mesh *mesh = p->src.mesh;
+  DTL_CHECK_ARG(mesh != NULL && mesh == p->dst.mesh, fn, "plan's source and target layouts are on different meshes");
+  DTL_CHECK_ARG(mesh->comm != NULL, fn, "the plan's mesh is abstract (dtl_mesh_create_abstract): it has no "
+                "communicators, so its plans can be explained but not executed");
+  struct dtl__plan_exec *x = p->exec;
+  if (!x) return dtl__error_fn(DTL_ERR_INTERNAL, fn, "the plan was never compiled (plans come from dtl_plan_create)");
+  if (mesh->comm->aborted) return dtl__error_fn(DTL_ERR_COMM, fn, "the mesh's communicator was aborted");
+  const dtl__ex_layout *L = NULL;
+  dtl_status st = dtl__run_args(fn, p, src_local, dst_local, own, &ws, ws_bytes, &L);
+  /* Every check and allocation is behind us: with DTL_CHECK the ranks agree here, before the first step. */
+  DTL_TRY(dtl__plan_agree(fn, p, st));
+  size_t es = dtl_dtype_size(p->src.dtype), d0 = p->dst.local_count;
   dtl_comm *mc = mesh->comm;
-  if (own) {
-    DTL_TRY(dtl__own_workspace(fn, x, mc, need, &ws));
-  } else {
-    if (ws_bytes < need)
-      return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "ws_bytes=%zu is too small: this call needs %zu bytes "
-                           "(dtl_plan_workspace_bytes gives %zu, enough for every call of the plan)", ws_bytes, need,
-                           x->ws_bytes);
-    DTL_CHECK_ARG(ws != NULL || need == 0, fn, "ws=NULL but this call needs %zu bytes of workspace", need);
-  }
 
   size_t *counts = x->counts;
   int g = x->gmax;

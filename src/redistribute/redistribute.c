@@ -1,10 +1,11 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* dtl_redistribute and the whole-tensor helpers built on it: the per-mesh plan cache (keyed by the (src,
  * dst) layout pair, so that a repeated call costs a hash lookup, with one workspace for all its plans), the
- * DTL_CHECK=1 cross-rank consistency check, dtl_distribute (dense on root -> any layout) and dtl_full_tensor
- * (any layout -> dense everywhere). */
+ * plan's DTL_CHECK agreement (the fingerprint of an execution), dtl_distribute (dense on root -> any layout)
+ * and dtl_full_tensor (any layout -> dense everywhere). */
 #include <stdlib.h>
 #include <string.h>
+#include "comm/agree.h"
 #include "redistribute/redistribute_internal.h"
 
 /* --- plan cache ----------------------------------------------------------------------------------------- */
@@ -145,87 +146,29 @@ void dtl__plan_cache_stats(const dtl_mesh *m, uint64_t *hits, uint64_t *misses) 
   if (misses) *misses = pc ? pc->misses : 0;
 }
 
-/* --- DTL_CHECK ------------------------------------------------------------------------------------------ */
+/* --- agreement ----------------------------------------------------------------------------------------- */
 
-/* Read on every call (a getenv), so that a program may switch it on at run time. */
-static bool dtl__check_enabled(void) {
-  const char *v = getenv("DTL_CHECK");
-  return v && v[0] && !(v[0] == '0' && v[1] == '\0');
+/* What every rank must execute alike: both layouts, the mesh they are on (its id tells two meshes of one
+ * shape apart), the steps and the resolved cost model (ranks whose DTL_PLAN_TUNE or explicit cost differ may
+ * plan different steps for the same layouts). */
+static uint64_t dtl__plan_fingerprint(const dtl_plan *p) {
+  uint64_t h = dtl__fp_mix(dtl__pair_key(&p->src, &p->dst), p->src.mesh->id);
+  h = dtl__fp_double(h, p->cost.alpha_s);
+  h = dtl__fp_double(h, p->cost.beta_s_per_byte);
+  h = dtl__fp_double(h, p->cost.local_beta_s_per_byte);
+  h = dtl__fp_mix(h, (uint64_t)p->nsteps);
+  for (int k = 0; k < p->nsteps && k < DTL__MAX_PLAN_STEPS; k++) {
+    const dtl__plan_step *s = &p->steps[k];
+    dtl_placement to = s->after[s->mesh_dim >= 0 && s->mesh_dim < DTL_MAX_MESH_DIMS ? s->mesh_dim : 0];
+    h = dtl__fp_mix(h, (uint64_t)s->kind << 32 | (uint32_t)s->mesh_dim);
+    h = dtl__fp_mix(h, (uint64_t)to.kind << 40 | (uint64_t)(uint32_t)to.dim << 8 | (uint64_t)to.op);
+  }
+  return h;
 }
 
-static int dtl__cmp_u64(const void *a, const void *b) {
-  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-  return x < y ? -1 : x > y;
-}
-
-/* The reference fingerprint: the most common one; among equally common ones, that of the lowest rank (so
- * that with two ranks, rank 0's call is the reference). */
-static uint64_t dtl__majority(const uint64_t *fp, int n, uint64_t *sorted) {
-  memcpy(sorted, fp, sizeof *fp * (size_t)n);
-  qsort(sorted, (size_t)n, sizeof *sorted, dtl__cmp_u64);
-  int best_run = 0;
-  for (int i = 0, j; i < n; i = j) {
-    for (j = i; j < n && sorted[j] == sorted[i]; j++) {}
-    if (j - i > best_run) best_run = j - i;
-  }
-  for (int r = 0; r < n; r++) { /* the lowest rank whose fingerprint is that common */
-    int count = 0;
-    for (int q = 0; q < n && count < best_run; q++) count += fp[q] == fp[r];
-    if (count == best_run) return fp[r];
-  }
-  return fp[0];
-}
-
-/* All ranks of the mesh exchange (fingerprint, local status). Any disagreement, or any rank whose own
- * arguments failed (local != DTL_OK), makes every rank return: that rank its own error, the others
- * DTL_ERR_MISMATCH naming the ranks that differ, instead of entering mismatched collectives. The exchange
- * goes through the transport (its memory ops move the two words into and out of transport memory). */
-static dtl_status dtl__check_consistent(const char *fn, const dtl_mesh *m, uint64_t fp, dtl_status local) {
-  dtl_comm *c = m->comm;
-  int n = c->size;
-  size_t bytes = sizeof(uint64_t) * 2 * (size_t)n;
-  uint64_t *all = dtl__malloc(bytes * 2 + sizeof(uint64_t) * (size_t)n);
-  if (!all) return dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory for DTL_CHECK");
-  uint64_t mine[2] = {fp, (uint64_t)local};
-  dtl_status st;
-  if (c->mem.ops->memory == DTL_MEMORY_HOST) {
-    st = c->ops->all_gather(c, mine, all, 2, DTL_INT64);
-  } else {
-    void *dev = NULL;
-    st = dtl__mem_alloc(&c->mem, bytes + sizeof mine, &dev);
-    if (st == DTL_OK) st = dtl__mem_copy(&c->mem, (char *)dev + bytes, mine, sizeof mine);
-    if (st == DTL_OK) st = c->ops->all_gather(c, (char *)dev + bytes, dev, 2, DTL_INT64);
-    if (st == DTL_OK) st = dtl__mem_copy(&c->mem, all, dev, bytes);
-    if (st == DTL_OK) st = c->ops->synchronize(c);
-    if (dev) dtl__mem_free(&c->mem, dev);
-  }
-  if (st != DTL_OK) {
-    dtl__free(all);
-    return dtl__error_prefix(st, "%s: DTL_CHECK exchange", fn);
-  }
-  uint64_t *fps = all + 2 * n, *sorted = fps + n;
-  bool failed = false;
-  for (int r = 0; r < n; r++) {
-    fps[r] = all[2 * r];
-    if (all[2 * r + 1] != DTL_OK) failed = true;
-  }
-  uint64_t ref = dtl__majority(fps, n, sorted);
-  char list[256];
-  size_t o = 0;
-  int bad = 0;
-  for (int r = 0; r < n; r++) {
-    if (fps[r] == ref && all[2 * r + 1] == DTL_OK) continue;
-    if (o < sizeof list - 16) o += (size_t)snprintf(list + o, sizeof list - o, bad ? ",%d" : "%d", r);
-    else if (o < sizeof list - 4) o += (size_t)snprintf(list + o, sizeof list - o, ",...");
-    bad++;
-  }
-  dtl__free(all);
-  if (bad == 0) return DTL_OK;
-  if (local != DTL_OK) return local; /* this rank's own message stays */
-  const char *verb = failed ? (bad > 1 ? "rejected their arguments or disagree" : "rejected its arguments or disagrees")
-                             : (bad > 1 ? "disagree" : "disagrees");
-  return dtl__error_fn(DTL_ERR_MISMATCH, fn, "DTL_CHECK: rank%s %s %s with the other ranks' call (layouts, dtype, "
-                       "shape, mesh); this rank is %d of %d", bad > 1 ? "s" : "", list, verb, c->rank, n);
+dtl_status dtl__plan_agree(const char *fn, const dtl_plan *p, dtl_status local) {
+  dtl_comm *c = p->src.mesh->comm;
+  return dtl__agree_checked(c, fn, local == DTL_OK ? dtl__plan_fingerprint(p) : 0, local);
 }
 
 /* --- entry points --------------------------------------------------------------------------------------- */
@@ -271,13 +214,13 @@ dtl_status dtl_redistribute(const dtl_layout *src, const void *src_local, const 
   DTL_CHECK_ARG(dst != NULL, fn, "dst=NULL");
   DTL_TRY(dtl__require_comm(fn, src));
   dtl_status local = dtl__redistribute_args(fn, src, src_local, dst, dst_local);
-  if (dtl__check_enabled()) DTL_TRY(dtl__check_consistent(fn, src->mesh, dtl__pair_key(src, dst), local));
-  if (local != DTL_OK) return local;
-  const dtl_plan *plan;
-  DTL_TRY(dtl__plan_cached(src, dst, &plan));
-  size_t need = dtl_plan_workspace_bytes(plan);
+  const dtl_plan *plan = NULL;
   void *ws = NULL;
-  DTL_TRY(dtl__plan_cache_workspace(src->mesh, need, &ws));
+  size_t need = 0;
+  if (local == DTL_OK) local = dtl__plan_cached(src, dst, &plan);
+  if (local == DTL_OK) local = dtl__plan_cache_workspace(src->mesh, need = dtl_plan_workspace_bytes(plan), &ws);
+  /* A rank that cannot execute takes part in the agreement its peers run inside the execution. */
+  if (local != DTL_OK) return dtl__agree_checked(src->mesh->comm, fn, 0, local);
   return dtl__plan_run(fn, plan, src_local, dst_local, false, ws, need);
 }
 
@@ -305,40 +248,43 @@ dtl_status dtl_distribute(const dtl_layout *l, const void *dense_on_root, int ro
   const dtl_mesh *m = l->mesh;
   dtl_comm *c = m->comm;
   int n = c->size, me = c->rank;
-  dtl_status local_st = DTL_OK;
+  dtl_status st = DTL_OK;
   if (root < 0 || root >= n)
-    local_st = dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "root=%d (expected 0..%d)", root, n - 1);
+    st = dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "root=%d (expected 0..%d)", root, n - 1);
   else if (!local && l->local_count)
-    local_st = dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "local=NULL with %zu local elements", l->local_count);
+    st = dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "local=NULL with %zu local elements", l->local_count);
   else if (me == root && !dense_on_root && l->global_count)
-    local_st = dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "dense_on_root=NULL on root %d with %zu elements", root,
-                             l->global_count);
-  if (dtl__check_enabled()) {
-    uint64_t fp = dtl__layout_hash(l) * 0x9e3779b97f4a7c15ull ^ (0xd15ull << 32 | (uint32_t)root);
-    DTL_TRY(dtl__check_consistent(fn, m, fp, local_st));
-  }
-  if (local_st != DTL_OK) return local_st;
+    st = dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "dense_on_root=NULL on root %d with %zu elements", root,
+                       l->global_count);
 
   size_t es = dtl_dtype_size(l->dtype);
-  size_t *send = dtl__calloc((size_t)n * 2, sizeof *send), *recv = send + n;
-  if (!send) return dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory");
+  size_t *send = NULL, *recv = NULL;
+  if (st == DTL_OK && !(send = dtl__calloc((size_t)n * 2, sizeof *send)))
+    st = dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory");
   int coord[DTL_MAX_MESH_DIMS];
   int64_t bs[DTL_MAX_TENSOR_DIMS], bo[DTL_MAX_TENSOR_DIMS];
-  size_t total = 0, packed = 0;
-  for (int r = 0; r < n; r++) {
-    dtl_mesh_coord_of(m, r, coord);
-    if (r == root || dtl__layout_holds_identity(l, coord, NULL)) continue;
-    dtl__local_box(m, l->ndim, l->shape, l->placements, coord, bs, bo);
-    size_t cnt = 1;
-    for (int d = 0; d < l->ndim; d++) cnt *= (size_t)bs[d];
-    if (me == root) send[r] = cnt;
-    if (r == me) recv[root] = cnt;
-    total += cnt;
-  }
-  if (me == root) packed = total;
+  size_t total = 0;
   void *pack = NULL;
-  dtl_status st = DTL_OK;
-  if (packed) DTL_TRY_GOTO(dtl__mem_alloc(&c->mem, packed * es, &pack), st, done);
+  if (st == DTL_OK) {
+    recv = send + n;
+    for (int r = 0; r < n; r++) {
+      dtl_mesh_coord_of(m, r, coord);
+      if (r == root || dtl__layout_holds_identity(l, coord, NULL)) continue;
+      dtl__local_box(m, l->ndim, l->shape, l->placements, coord, bs, bo);
+      size_t cnt = 1;
+      for (int d = 0; d < l->ndim; d++) cnt *= (size_t)bs[d];
+      if (me == root) send[r] = cnt;
+      if (r == me) recv[root] = cnt;
+      total += cnt;
+    }
+    if (me == root && total) st = dtl__mem_alloc(&c->mem, total * es, &pack);
+  }
+  /* Root alone reads the dense tensor and packs it, so root alone can fail: every call agrees (not only
+   * under DTL_CHECK) before the exchange, on the verdicts and on the layout and root. */
+  uint64_t fp = dtl__fp_mix(dtl__fp_mix(dtl__layout_hash(l), m->id), (uint64_t)(uint32_t)root);
+  st = dtl__agree(c, fn, fp, st);
+  if (st != DTL_OK) goto done;
+
   size_t off = 0;
   for (int r = 0; me == root && r < n; r++) {
     if (!send[r]) continue;

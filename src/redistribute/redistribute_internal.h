@@ -12,6 +12,11 @@
  * src and dst must be valid layouts on the same mesh. */
 dtl_status dtl__plan_cached(const dtl_layout *src, const dtl_layout *dst, const dtl_plan **out);
 
+/* The agreement of one execution of p, the hook of dtl_plan_execute: with DTL_CHECK on the mesh's
+ * communicator every rank agrees on the plan (layouts, mesh, steps, cost model) and on each rank's local
+ * verdict (its argument checks and allocations), else it returns local. */
+dtl_status dtl__plan_agree(const char *fn, const dtl_plan *p, dtl_status local);
+
 /* Lookups of the mesh's plan cache that found a plan, and those that had to create one. */
 void dtl__plan_cache_stats(const dtl_mesh *m, uint64_t *hits, uint64_t *misses);
 

@@ -6,6 +6,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include "attn/attn.h"
+#include "comm/agree.h"
 #include "tp/tp_internal.h"
 
 struct dtl_tp_attention {
@@ -19,11 +20,11 @@ struct dtl_tp_attention {
 
 static dtl_placement dtl__tp_attn_p(const dtl_tp_attention *a) { return a->sp ? dtl_shard(0) : dtl_replicate(); }
 
-dtl_status dtl_tp_attention_create(dtl_tp_context *ctx, const dtl_tp_attention_params *p, dtl_tp_attention **out) {
+/* This rank's block: the checks and copies of dtl_tp_attention_create, before its agreement. */
+static dtl_status dtl__tp_attention_build(dtl_tp_context *ctx, const dtl_tp_attention_params *p,
+                                          dtl_tp_attention **out) {
   static const char fn[] = "dtl_tp_attention_create";
-  DTL_CHECK_ARG(ctx != NULL, fn, "ctx=NULL");
   DTL_CHECK_ARG(p != NULL, fn, "params=NULL");
-  DTL_CHECK_ARG(out != NULL, fn, "out=NULL");
   DTL_TRY(dtl__tp_check_bits(fn, "params", p->mask, DTL__BITS(DTL_TP_SCALE), p->flags,
                              DTL__BITS(DTL_TP_SEQUENCE_PARALLEL, DTL_TP_SHARDED_WEIGHTS)));
   DTL_CHECK_ARG(p->hidden >= 1 && p->head_dim >= 1, fn, "hidden=%lld head_dim=%lld (expected >= 1)",
@@ -65,29 +66,60 @@ fail:
   return st;
 }
 
+dtl_status dtl_tp_attention_create(dtl_tp_context *ctx, const dtl_tp_attention_params *p, dtl_tp_attention **out) {
+  static const char fn[] = "dtl_tp_attention_create";
+  DTL_CHECK_ARG(ctx != NULL, fn, "ctx=NULL");
+  dtl_tp_attention *a = NULL;
+  dtl_status st = out ? dtl__tp_attention_build(ctx, p, &a) : dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "out=NULL");
+  uint64_t fp = 0;
+  if (st == DTL_OK) {
+    fp = dtl__tp_fp(ctx, fn, p->hidden, p->q_heads, p->kv_heads, p->head_dim);
+    fp = dtl__fp_double(dtl__fp_mix(fp, (uint64_t)(p->flags & 1) << 2 | (p->qkv_bias != NULL) << 1 | (p->out_bias != NULL)),
+                        (double)a->scale);
+  }
+  st = dtl__agree(ctx->comm, fn, fp, st);
+  if (st != DTL_OK) {
+    dtl_tp_attention_destroy(a);
+    return st;
+  }
+  *out = a;
+  return DTL_OK;
+}
+
 dtl_status dtl_tp_attention_layouts(const dtl_tp_attention *a, int64_t tokens, dtl_layout **in, dtl_layout **out) {
   DTL_CHECK_ARG(a != NULL, "dtl_tp_attention_layouts", "block=NULL");
   return dtl__tp_layouts(a->ctx, "dtl_tp_attention_layouts", tokens, a->hidden, dtl__tp_attn_p(a), a->hidden,
                          dtl__tp_attn_p(a), in, out);
 }
 
-/* attn[T, q.count * D] of this rank's q heads from qkv [T, width] (q heads, then k heads, then v heads of
- * each token), on the host or the device: causal self-attention of tokens 0..T-1. */
+/* The attention core's view of this rank's heads over tokens 0..T-1 of qkv [T, width] (q heads, then k
+ * heads, then v heads of each token), and the scratch bytes (DTL__TP_WS_AUX) it takes. */
+static dtl__attn_shape dtl__tp_attn_shape_of(const dtl_tp_attention *a, int64_t T) {
+  int64_t D = a->head_dim, qn = a->q.count, W = a->qkv.rows;
+  return (dtl__attn_shape){.tq = T, .tk = T, .qn = qn, .kn = a->kv.count, .head_dim = D, .q_off = a->q.offset,
+                           .kv_off = a->kv.offset, .group = a->group, .ldq = W, .ldk = W, .ldv = W, .ldo = qn * D,
+                           .causal = true, .scale = a->scale};
+}
+
+static size_t dtl__tp_attend_bytes(const dtl_tp_attention *a, int64_t T) {
+  dtl__attn_shape s = dtl__tp_attn_shape_of(a, T);
+  if (T == 0 || s.qn == 0) return 0;
+  return dtl__attn_scratch_bytes(&s, dtl__tp_on_device(a->ctx) ? DTL_MEMORY_DEVICE : DTL_MEMORY_HOST);
+}
+
+/* attn[T, q.count * D] of this rank's q heads from qkv [T, width], on the host or the device: causal
+ * self-attention of tokens 0..T-1. */
 static dtl_status dtl__tp_attend(dtl_tp_attention *a, const void *qkv, int64_t T, void *attn) {
   dtl_tp_context *ctx = a->ctx;
-  int64_t D = a->head_dim, qn = a->q.count, kn = a->kv.count, W = a->qkv.rows;
-  dtl__attn_shape s = {.tq = T, .tk = T, .qn = qn, .kn = kn, .head_dim = D, .q_off = a->q.offset,
-                       .kv_off = a->kv.offset, .group = a->group, .ldq = W, .ldk = W, .ldv = W, .ldo = qn * D,
-                       .causal = true, .scale = a->scale};
-  if (T == 0 || qn == 0) return DTL_OK;
-  size_t e = ctx->elem;
-  const char *k = (const char *)qkv + (size_t)(qn * D) * e, *v = k + (size_t)(kn * D) * e;
-  bool dev = dtl__tp_on_device(ctx);
-  size_t bytes = dtl__attn_scratch_bytes(&s, dev ? DTL_MEMORY_DEVICE : DTL_MEMORY_HOST);
+  dtl__attn_shape s = dtl__tp_attn_shape_of(a, T);
+  if (T == 0 || s.qn == 0) return DTL_OK;
+  size_t e = ctx->elem, bytes = dtl__tp_attend_bytes(a, T);
+  const char *k = (const char *)qkv + (size_t)(s.qn * s.head_dim) * e, *v = k + (size_t)(s.kn * s.head_dim) * e;
   void *scratch;
   DTL_TRY(dtl__tp_scratch(ctx, DTL__TP_WS_AUX, bytes, &scratch));
 #if DTL_HAVE_NCCL
-  if (dev) return dtl__attn_cuda(&s, qkv, k, v, attn, NULL, scratch, bytes, ctx->dtype, ctx->gemm.stream);
+  if (dtl__tp_on_device(ctx))
+    return dtl__attn_cuda(&s, qkv, k, v, attn, NULL, scratch, bytes, ctx->dtype, ctx->gemm.stream);
 #endif
   return dtl__attn_host(&ctx->gemm, &s, qkv, (const float *)k, (const float *)v, attn, NULL, scratch, bytes);
 }
@@ -96,16 +128,22 @@ dtl_status dtl_tp_attention_forward(dtl_tp_attention *a, const dtl_layout *x_lay
   static const char fn[] = "dtl_tp_attention_forward";
   DTL_CHECK_ARG(a != NULL, fn, "block=NULL");
   dtl_tp_context *ctx = a->ctx;
-  int64_t T;
+  size_t e = ctx->elem, aux_bytes = 0;
+  int64_t T = 0, width = a->qkv.rows, attn_w = a->out.cols;
+  void *qkv = NULL, *attn = NULL, *partial = NULL, *aux;
+  dtl_status st = dtl__tp_input_check(ctx, fn, x_layout, a->hidden, dtl__tp_attn_p(a), x, &T);
+  if (st == DTL_OK && !y && dtl_layout_local_count(x_layout))
+    st = dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "y=NULL with %zu elements", dtl_layout_local_count(x_layout));
+  if (st == DTL_OK) st = dtl__tp_scratch(ctx, DTL__TP_WS_MID, (size_t)(T * width) * e, &qkv);
+  if (st == DTL_OK) st = dtl__tp_scratch(ctx, DTL__TP_WS_ATTN, (size_t)(T * attn_w) * e, &attn);
+  if (st == DTL_OK) st = dtl__tp_scratch(ctx, DTL__TP_WS_PARTIAL, (size_t)(T * a->hidden) * e, &partial);
+  if (st == DTL_OK && (aux_bytes = dtl__tp_attend_bytes(a, T))) st = dtl__tp_scratch(ctx, DTL__TP_WS_AUX, aux_bytes, &aux);
+  DTL_TRY(dtl__agree_checked(ctx->comm, fn,
+                             dtl__tp_fp(ctx, fn, a->hidden, a->q_heads << 20 | a->kv_heads, a->head_dim, T << 1 | a->sp),
+                             st));
+
   const void *xin;
-  DTL_TRY(dtl__tp_input(ctx, fn, x_layout, a->hidden, dtl__tp_attn_p(a), x, &T, &xin));
-  DTL_CHECK_ARG(y != NULL || dtl_layout_local_count(x_layout) == 0, fn, "y=NULL");
-  size_t e = ctx->elem;
-  int64_t width = a->qkv.rows, attn_w = a->out.cols;
-  void *qkv, *attn, *partial;
-  DTL_TRY(dtl__tp_scratch(ctx, DTL__TP_WS_MID, (size_t)(T * width) * e, &qkv));
-  DTL_TRY(dtl__tp_scratch(ctx, DTL__TP_WS_ATTN, (size_t)(T * attn_w) * e, &attn));
-  DTL_TRY(dtl__tp_scratch(ctx, DTL__TP_WS_PARTIAL, (size_t)(T * a->hidden) * e, &partial));
+  DTL_TRY(dtl__tp_input(ctx, a->hidden, dtl__tp_attn_p(a), x, T, &xin));
   DTL_TRY(dtl__tp_proj_apply(ctx, &a->qkv, true, T, xin, a->hidden, qkv, width));
   DTL_TRY(dtl__tp_attend(a, qkv, T, attn));
   DTL_TRY(dtl__tp_proj_apply(ctx, &a->out, false, T, attn, attn_w, partial, a->hidden));

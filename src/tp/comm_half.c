@@ -2,11 +2,18 @@
 /* The communication half of every TP layer, on the TP dim's communicator: the row-parallel reduction
  * (all-reduce, or reduce-scatter on tokens for sequence parallelism) with its once-only bias, the
  * column-parallel gather of S(1) outputs, the sequence-parallel gather of S(0) inputs and a layer's input
- * step built on it. The layers call
- * the cores; the public wrappers add the layout checks for engines that run their own GEMMs. */
+ * step built on it. The layers call the cores after their own checks, allocations and agreement; the
+ * public wrappers add the layout checks (and the DTL_CHECK agreement) for engines that run their own GEMMs. */
 #include <string.h>
+#include "comm/agree.h"
 #include "compute/bias.h"
 #include "tp/tp_internal.h"
+
+uint64_t dtl__tp_fp(const dtl_tp_context *ctx, const char *fn, int64_t a, int64_t b, int64_t c, int64_t d) {
+  uint64_t h = dtl__fp_mix(dtl__fp_str(ctx->mesh->id, fn), (uint64_t)ctx->tp_dim << 32 | (uint32_t)ctx->dtype);
+  h = dtl__fp_mix(dtl__fp_mix(h, (uint64_t)a), (uint64_t)b);
+  return dtl__fp_mix(dtl__fp_mix(h, (uint64_t)c), (uint64_t)d);
+}
 
 /* counts[r] = rows(r) * per_row, rows(r) = chunk(n, tp, r) */
 static void dtl__tp_counts(dtl_tp_context *ctx, int64_t n, int64_t per_row) {
@@ -17,23 +24,27 @@ dtl_status dtl__tp_reduce(dtl_tp_context *ctx, int64_t tokens, int64_t features,
                           const void *partial, const void *bias, void *y) {
   int64_t rows = tokens;
   if (!sequence_parallel) {
-    DTL_TRY(dtl_all_reduce(ctx->comm, partial, y, (size_t)(tokens * features), ctx->dtype, DTL_SUM));
+    DTL_TRY(dtl__all_reduce_agreed(ctx->comm, partial, y, (size_t)(tokens * features), ctx->dtype, DTL_SUM));
   } else {
     dtl__tp_counts(ctx, tokens, features);
-    DTL_TRY(dtl_reduce_scatterv(ctx->comm, partial, y, ctx->counts, ctx->dtype, DTL_SUM));
+    DTL_TRY(dtl__reduce_scatterv_agreed(ctx->comm, partial, y, ctx->counts, ctx->dtype, DTL_SUM));
     rows = dtl__tp_chunk(ctx, tokens, ctx->rank).count;
   }
   return bias ? dtl__bias_rows(&ctx->gemm, y, bias, rows, features, features, true, ctx->dtype) : DTL_OK;
 }
 
+/* One token row (decode) or one rank: rank-major blocks already are the row-major [T, F], no staging. */
+size_t dtl__tp_gather_columns_bytes(const dtl_tp_context *ctx, int64_t tokens, int64_t features) {
+  return tokens <= 1 || ctx->size == 1 ? 0 : (size_t)(tokens * features) * ctx->elem;
+}
+
 dtl_status dtl__tp_gather_columns(dtl_tp_context *ctx, int64_t tokens, int64_t features, const void *y_local, void *y) {
   dtl__tp_counts(ctx, features, tokens);
-  size_t mine = ctx->counts[ctx->rank];
-  /* One token row (decode) or one rank: rank-major blocks already are the row-major [T, F]. */
-  if (tokens <= 1 || ctx->size == 1) return dtl_all_gatherv(ctx->comm, y_local, mine, y, ctx->counts, ctx->dtype);
+  size_t mine = ctx->counts[ctx->rank], bytes = dtl__tp_gather_columns_bytes(ctx, tokens, features);
+  if (bytes == 0) return dtl__all_gatherv_agreed(ctx->comm, y_local, mine, y, ctx->counts, ctx->dtype);
   void *stage;
-  DTL_TRY(dtl__tp_scratch(ctx, DTL__TP_WS_COMM, (size_t)(tokens * features) * ctx->elem, &stage));
-  DTL_TRY(dtl_all_gatherv(ctx->comm, y_local, mine, stage, ctx->counts, ctx->dtype));
+  DTL_TRY(dtl__tp_scratch(ctx, DTL__TP_WS_COMM, bytes, &stage));
+  DTL_TRY(dtl__all_gatherv_agreed(ctx->comm, y_local, mine, stage, ctx->counts, ctx->dtype));
   size_t at = 0;
   for (int r = 0; r < ctx->size; r++) {
     dtl_tp_range c = dtl__tp_chunk(ctx, features, r);
@@ -52,29 +63,50 @@ dtl_status dtl__tp_gather_columns(dtl_tp_context *ctx, int64_t tokens, int64_t f
 
 dtl_status dtl__tp_gather_tokens(dtl_tp_context *ctx, int64_t tokens, int64_t features, const void *x_local, void *x) {
   dtl__tp_counts(ctx, tokens, features);
-  return dtl_all_gatherv(ctx->comm, x_local, ctx->counts[ctx->rank], x, ctx->counts, ctx->dtype);
+  return dtl__all_gatherv_agreed(ctx->comm, x_local, ctx->counts[ctx->rank], x, ctx->counts, ctx->dtype);
 }
 
-dtl_status dtl__tp_input(dtl_tp_context *ctx, const char *fn, const dtl_layout *x_layout, int64_t features,
-                         dtl_placement on_tp, const void *x, int64_t *tokens, const void **xin) {
+static bool dtl__tp_gathers_input(dtl_placement on_tp) { return on_tp.kind == DTL_SHARD && on_tp.dim == 0; }
+
+dtl_status dtl__tp_input_check(dtl_tp_context *ctx, const char *fn, const dtl_layout *x_layout, int64_t features,
+                               dtl_placement on_tp, const void *x, int64_t *tokens) {
   int64_t T;
   DTL_TRY(dtl__tp_check_layout(ctx, fn, "x_layout", x_layout, features, on_tp, &T));
   DTL_CHECK_ARG(x != NULL || dtl_layout_local_count(x_layout) == 0, fn, "x=NULL");
   *tokens = T;
-  *xin = x;
-  if (on_tp.kind != DTL_SHARD || on_tp.dim != 0) return DTL_OK; /* only S(0) (sequence parallel) gathers */
   void *full;
-  DTL_TRY(dtl__tp_scratch(ctx, DTL__TP_WS_INPUT, (size_t)(T * features) * ctx->elem, &full));
-  DTL_TRY(dtl__tp_gather_tokens(ctx, T, features, x, full));
+  if (dtl__tp_gathers_input(on_tp)) /* only S(0) (sequence parallel) gathers */
+    DTL_TRY(dtl__tp_scratch(ctx, DTL__TP_WS_INPUT, (size_t)(T * features) * ctx->elem, &full));
+  return DTL_OK;
+}
+
+dtl_status dtl__tp_input(dtl_tp_context *ctx, int64_t features, dtl_placement on_tp, const void *x, int64_t tokens,
+                         const void **xin) {
+  *xin = x;
+  if (!dtl__tp_gathers_input(on_tp)) return DTL_OK;
+  void *full;
+  DTL_TRY(dtl__tp_scratch(ctx, DTL__TP_WS_INPUT, (size_t)(tokens * features) * ctx->elem, &full));
+  DTL_TRY(dtl__tp_gather_tokens(ctx, tokens, features, x, full));
   *xin = full;
   return DTL_OK;
 }
 
-/* Buffers of a public half: non-NULL unless empty. */
-static dtl_status dtl__tp_half_bufs(const char *fn, const char *a, const void *pa, size_t na, const char *b,
-                                    const void *pb, size_t nb) {
+/* The checks of a public half, all before its agreement so that the core's collectives cannot fail on one
+ * rank: its layout ([tokens, features] with on_tp on the TP dim) and its two buffers a and b, each the
+ * layout's local shard or (whole) the full tensor, non-NULL unless empty and apart (the halves have no
+ * in-place form: an input is never modified). */
+static dtl_status dtl__tp_half_args(dtl_tp_context *ctx, const char *fn, const char *what, const dtl_layout *l,
+                                    dtl_placement on_tp, const char *a, const void *pa, bool a_whole, const char *b,
+                                    const void *pb, bool b_whole, int64_t *tokens, int64_t *features) {
+  *tokens = *features = 0;
+  DTL_CHECK_ARG(l != NULL, fn, "%s=NULL", what);
+  *features = l->ndim == 2 ? l->shape[1] : -1;
+  DTL_TRY(dtl__tp_check_layout(ctx, fn, what, l, *features, on_tp, tokens));
+  size_t na = a_whole ? dtl_layout_global_count(l) : dtl_layout_local_count(l);
+  size_t nb = b_whole ? dtl_layout_global_count(l) : dtl_layout_local_count(l);
   DTL_CHECK_ARG(pa != NULL || na == 0, fn, "%s=NULL with %zu elements", a, na);
   DTL_CHECK_ARG(pb != NULL || nb == 0, fn, "%s=NULL with %zu elements", b, nb);
+  DTL_CHECK_ARG(!dtl__overlap(pa, na * ctx->elem, pb, nb * ctx->elem), fn, "%s=%p and %s=%p overlap", a, pa, b, pb);
   return DTL_OK;
 }
 
@@ -82,34 +114,34 @@ dtl_status dtl_tp_row_parallel_reduce(dtl_tp_context *ctx, const dtl_layout *out
                                       const void *bias, void *y) {
   static const char fn[] = "dtl_tp_row_parallel_reduce";
   DTL_CHECK_ARG(ctx != NULL, fn, "ctx=NULL");
-  DTL_CHECK_ARG(out_layout != NULL, fn, "out_layout=NULL");
-  bool sp = out_layout->ndim == 2 && ctx->tp_dim < out_layout->mesh->ndim &&
+  bool sp = out_layout && out_layout->ndim == 2 && ctx->tp_dim < out_layout->mesh->ndim &&
             out_layout->placements[ctx->tp_dim].kind == DTL_SHARD;
-  int64_t tokens, features = out_layout->ndim == 2 ? out_layout->shape[1] : -1;
-  DTL_TRY(dtl__tp_check_layout(ctx, fn, "out_layout", out_layout, features, sp ? dtl_shard(0) : dtl_replicate(), &tokens));
-  size_t full = (size_t)(tokens * features), local = dtl_layout_local_count(out_layout);
-  DTL_TRY(dtl__tp_half_bufs(fn, "partial", partial, full, "y", y, local));
+  int64_t tokens, features;
+  dtl_status st = dtl__tp_half_args(ctx, fn, "out_layout", out_layout, sp ? dtl_shard(0) : dtl_replicate(), "partial",
+                                    partial, true, "y", y, false, &tokens, &features);
+  DTL_TRY(dtl__agree_checked(ctx->comm, fn, dtl__tp_fp(ctx, fn, tokens, features, sp, bias != NULL), st));
   return dtl__tp_reduce(ctx, tokens, features, sp, partial, bias, y);
 }
 
 dtl_status dtl_tp_column_parallel_gather(dtl_tp_context *ctx, const dtl_layout *in_layout, const void *y_local, void *y) {
   static const char fn[] = "dtl_tp_column_parallel_gather";
   DTL_CHECK_ARG(ctx != NULL, fn, "ctx=NULL");
-  DTL_CHECK_ARG(in_layout != NULL, fn, "in_layout=NULL");
-  int64_t tokens, features = in_layout->ndim == 2 ? in_layout->shape[1] : -1;
-  DTL_TRY(dtl__tp_check_layout(ctx, fn, "in_layout", in_layout, features, dtl_shard(1), &tokens));
-  DTL_TRY(dtl__tp_half_bufs(fn, "y_local", y_local, dtl_layout_local_count(in_layout), "y", y,
-                            dtl_layout_global_count(in_layout)));
+  int64_t tokens, features;
+  dtl_status st = dtl__tp_half_args(ctx, fn, "in_layout", in_layout, dtl_shard(1), "y_local", y_local, false, "y", y,
+                                    true, &tokens, &features);
+  void *stage;
+  size_t bytes = st == DTL_OK ? dtl__tp_gather_columns_bytes(ctx, tokens, features) : 0;
+  if (bytes) st = dtl__tp_scratch(ctx, DTL__TP_WS_COMM, bytes, &stage);
+  DTL_TRY(dtl__agree_checked(ctx->comm, fn, dtl__tp_fp(ctx, fn, tokens, features, 0, 0), st));
   return dtl__tp_gather_columns(ctx, tokens, features, y_local, y);
 }
 
 dtl_status dtl_tp_sequence_gather(dtl_tp_context *ctx, const dtl_layout *in_layout, const void *x_local, void *x) {
   static const char fn[] = "dtl_tp_sequence_gather";
   DTL_CHECK_ARG(ctx != NULL, fn, "ctx=NULL");
-  DTL_CHECK_ARG(in_layout != NULL, fn, "in_layout=NULL");
-  int64_t tokens, features = in_layout->ndim == 2 ? in_layout->shape[1] : -1;
-  DTL_TRY(dtl__tp_check_layout(ctx, fn, "in_layout", in_layout, features, dtl_shard(0), &tokens));
-  DTL_TRY(dtl__tp_half_bufs(fn, "x_local", x_local, dtl_layout_local_count(in_layout), "x", x,
-                            dtl_layout_global_count(in_layout)));
+  int64_t tokens, features;
+  dtl_status st = dtl__tp_half_args(ctx, fn, "in_layout", in_layout, dtl_shard(0), "x_local", x_local, false, "x", x,
+                                    true, &tokens, &features);
+  DTL_TRY(dtl__agree_checked(ctx->comm, fn, dtl__tp_fp(ctx, fn, tokens, features, 0, 0), st));
   return dtl__tp_gather_tokens(ctx, tokens, features, x_local, x);
 }

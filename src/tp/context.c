@@ -3,6 +3,7 @@
  * the scratch that all layers of the context share, and the activation layouts and their check. */
 #include <stdlib.h>
 #include <string.h>
+#include "comm/agree.h"
 #include "tp/tp_internal.h"
 
 dtl_status dtl__tp_check_bits(const char *fn, const char *what, uint64_t mask, uint64_t mask_known,
@@ -14,11 +15,11 @@ dtl_status dtl__tp_check_bits(const char *fn, const char *what, uint64_t mask, u
   return dtl__check_bits(fn, field, flags, flags_known, flags_names);
 }
 
-dtl_status dtl_tp_context_create(const dtl_mesh *mesh, int tp_dim, const dtl_tp_options *opt, dtl_tp_context **out) {
+/* This rank's context: the checks and allocations of dtl_tp_context_create, before its agreement. */
+static dtl_status dtl__tp_context_build(const dtl_mesh *mesh, int tp_dim, const dtl_tp_options *opt,
+                                        dtl_tp_context **out) {
   static const char fn[] = "dtl_tp_context_create";
   DTL_CHECK_ARG(out != NULL, fn, "out=NULL");
-  DTL_CHECK_ARG(mesh != NULL, fn, "mesh=NULL");
-  DTL_CHECK_ARG(!dtl_mesh_is_abstract(mesh), fn, "mesh is abstract (it has no communicators to run layers on)");
   DTL_CHECK_ARG(tp_dim >= 0 && tp_dim < mesh->ndim, fn, "tp_dim=%d (expected 0..%d)", tp_dim, mesh->ndim - 1);
   if (opt) DTL_TRY(dtl__tp_check_bits(fn, "opt", opt->mask, DTL__BITS(DTL_TP_OPT_DTYPE), opt->flags, DTL__NO_BITS));
   dtl_dtype t = (opt && (opt->mask & DTL_TP_OPT_DTYPE)) ? opt->dtype : DTL_FLOAT32;
@@ -43,6 +44,22 @@ dtl_status dtl_tp_context_create(const dtl_mesh *mesh, int tp_dim, const dtl_tp_
   if (st != DTL_OK) {
     dtl_tp_context_destroy(c);
     return dtl__error_prefix(st, "%s", fn);
+  }
+  *out = c;
+  return DTL_OK;
+}
+
+dtl_status dtl_tp_context_create(const dtl_mesh *mesh, int tp_dim, const dtl_tp_options *opt, dtl_tp_context **out) {
+  static const char fn[] = "dtl_tp_context_create";
+  DTL_CHECK_ARG(mesh != NULL, fn, "mesh=NULL");
+  DTL_CHECK_ARG(!dtl_mesh_is_abstract(mesh), fn, "mesh is abstract (it has no communicators to run layers on)");
+  /* The whole mesh agrees (not only the TP group), since tp_dim itself names the group. */
+  dtl_tp_context *c = NULL;
+  dtl_status st = dtl__tp_context_build(mesh, tp_dim, opt, &c);
+  st = dtl__agree(mesh->comm, fn, st == DTL_OK ? dtl__tp_fp(c, fn, 0, 0, 0, 0) : 0, st);
+  if (st != DTL_OK) {
+    dtl_tp_context_destroy(c);
+    return st;
   }
   *out = c;
   return DTL_OK;

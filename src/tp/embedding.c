@@ -4,6 +4,7 @@
  * on the host and in embedding.cu on a device; the ids are checked on the host either way. */
 #include <stdlib.h>
 #include <string.h>
+#include "comm/agree.h"
 #include "tp/stages.h"
 #include "tp/tp_internal.h"
 #include "tp/tp_math.h"
@@ -18,11 +19,11 @@ struct dtl_tp_embedding {
 
 static dtl_placement dtl__tp_emb_p(const dtl_tp_embedding *e) { return e->sp ? dtl_shard(0) : dtl_replicate(); }
 
-dtl_status dtl_tp_embedding_create(dtl_tp_context *ctx, const dtl_tp_embedding_params *p, dtl_tp_embedding **out) {
+/* This rank's table: the checks and copies of dtl_tp_embedding_create, before its agreement. */
+static dtl_status dtl__tp_embedding_build(dtl_tp_context *ctx, const dtl_tp_embedding_params *p,
+                                          dtl_tp_embedding **out) {
   static const char fn[] = "dtl_tp_embedding_create";
-  DTL_CHECK_ARG(ctx != NULL, fn, "ctx=NULL");
   DTL_CHECK_ARG(p != NULL, fn, "params=NULL");
-  DTL_CHECK_ARG(out != NULL, fn, "out=NULL");
   DTL_TRY(dtl__tp_check_bits(fn, "params", p->mask, DTL__NO_BITS, p->flags,
                              DTL__BITS(DTL_TP_SEQUENCE_PARALLEL, DTL_TP_SHARDED_WEIGHTS)));
   DTL_CHECK_ARG(p->vocab >= 1 && p->hidden >= 1, fn, "vocab=%lld hidden=%lld (expected >= 1)", (long long)p->vocab,
@@ -53,6 +54,20 @@ fail:
   return dtl__error_prefix(st, "%s", fn);
 }
 
+dtl_status dtl_tp_embedding_create(dtl_tp_context *ctx, const dtl_tp_embedding_params *p, dtl_tp_embedding **out) {
+  static const char fn[] = "dtl_tp_embedding_create";
+  DTL_CHECK_ARG(ctx != NULL, fn, "ctx=NULL");
+  dtl_tp_embedding *e = NULL;
+  dtl_status st = out ? dtl__tp_embedding_build(ctx, p, &e) : dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "out=NULL");
+  st = dtl__agree(ctx->comm, fn, st == DTL_OK ? dtl__tp_fp(ctx, fn, p->vocab, p->hidden, p->flags & 1, 0) : 0, st);
+  if (st != DTL_OK) {
+    dtl_tp_embedding_destroy(e);
+    return st;
+  }
+  *out = e;
+  return DTL_OK;
+}
+
 dtl_status dtl_tp_embedding_layout(const dtl_tp_embedding *e, int64_t tokens, dtl_layout **out) {
   DTL_CHECK_ARG(e != NULL, "dtl_tp_embedding_layout", "embedding=NULL");
   DTL_CHECK_ARG(out != NULL, "dtl_tp_embedding_layout", "out=NULL");
@@ -72,7 +87,8 @@ void dtl__tp_embed_host(const int64_t *ids, int64_t tokens, const void *table, i
 }
 
 /* The Partial(sum) addend [tokens, hidden] of this rank. On a device the ids go through a host copy of our
- * own (pageable, so the upload has read them when mem_copy returns, whatever memory the caller's are in). */
+ * own (pageable, so the upload has read them when mem_copy returns, whatever memory the caller's are in);
+ * the forward has taken both staging buffers before its agreement. */
 static dtl_status dtl__tp_embed(dtl_tp_embedding *e, int64_t tokens, const int64_t *ids, void *partial) {
   dtl_tp_context *ctx = e->ctx;
   if (dtl__tp_on_device(ctx)) {
@@ -91,22 +107,39 @@ static dtl_status dtl__tp_embed(dtl_tp_embedding *e, int64_t tokens, const int64
   return DTL_OK;
 }
 
-dtl_status dtl_tp_embedding_forward(dtl_tp_embedding *e, int64_t tokens, const int64_t *ids, void *y) {
-  static const char fn[] = "dtl_tp_embedding_forward";
-  DTL_CHECK_ARG(e != NULL, fn, "embedding=NULL");
+/* Every rank checks every id (they are replicated), so all ranks fail together before any collective. */
+static dtl_status dtl__tp_embedding_args(const dtl_tp_embedding *e, const char *fn, int64_t tokens,
+                                         const int64_t *ids, const void *y) {
   DTL_CHECK_ARG(tokens >= 0, fn, "tokens=%lld (expected >= 0)", (long long)tokens);
   DTL_CHECK_ARG(ids != NULL || tokens == 0, fn, "ids=NULL");
-  dtl_tp_context *ctx = e->ctx;
-  int64_t rows = e->sp ? dtl__tp_chunk(ctx, tokens, ctx->rank).count : tokens;
+  int64_t rows = e->sp ? dtl__tp_chunk(e->ctx, tokens, e->ctx->rank).count : tokens;
   DTL_CHECK_ARG(y != NULL || rows == 0, fn, "y=NULL");
-  /* Every rank checks every id (they are replicated), so all ranks fail together before any collective. */
   for (int64_t t = 0; t < tokens; t++)
     if (ids[t] < 0 || ids[t] >= e->vocab)
       return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn,
                            "ids[%lld]=%lld is outside the vocabulary (expected 0..%lld); nothing was written",
                            (long long)t, (long long)ids[t], (long long)(e->vocab - 1));
-  void *partial;
-  DTL_TRY(dtl__tp_scratch(ctx, DTL__TP_WS_PARTIAL, (size_t)(tokens * e->hidden) * ctx->elem, &partial));
+  return DTL_OK;
+}
+
+static uint64_t dtl__tp_ids_fp(const dtl_tp_embedding *e, const char *fn, int64_t tokens, const int64_t *ids) {
+  uint64_t h = 0;
+  for (int64_t t = 0; t < tokens; t++) h = dtl__fp_mix(h, (uint64_t)ids[t]);
+  return dtl__tp_fp(e->ctx, fn, e->vocab, e->hidden, tokens << 1 | e->sp, (int64_t)h);
+}
+
+dtl_status dtl_tp_embedding_forward(dtl_tp_embedding *e, int64_t tokens, const int64_t *ids, void *y) {
+  static const char fn[] = "dtl_tp_embedding_forward";
+  DTL_CHECK_ARG(e != NULL, fn, "embedding=NULL");
+  dtl_tp_context *ctx = e->ctx;
+  void *partial, *staged;
+  dtl_status st = dtl__tp_embedding_args(e, fn, tokens, ids, y);
+  if (st == DTL_OK) st = dtl__tp_scratch(ctx, DTL__TP_WS_PARTIAL, (size_t)(tokens * e->hidden) * ctx->elem, &partial);
+  if (st == DTL_OK && dtl__tp_on_device(ctx)) st = dtl__tp_host_scratch(ctx, (size_t)tokens * sizeof(int64_t), &staged);
+  if (st == DTL_OK && dtl__tp_on_device(ctx))
+    st = dtl__tp_scratch(ctx, DTL__TP_WS_AUX, (size_t)tokens * sizeof(int64_t), &staged);
+  /* The ids are part of the fingerprint: ranks that look up different tokens would sum unrelated rows. */
+  DTL_TRY(dtl__agree_checked(ctx->comm, fn, st == DTL_OK ? dtl__tp_ids_fp(e, fn, tokens, ids) : 0, st));
   DTL_TRY(dtl__tp_embed(e, tokens, ids, partial));
   return dtl__tp_reduce(ctx, tokens, e->hidden, e->sp, partial, NULL, y);
 }

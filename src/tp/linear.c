@@ -2,6 +2,7 @@
 /* Column- and row-parallel linear layers: a projection of this rank's weight shard plus the layer's one
  * communication half (sequence-parallel gather in, column gather or row reduction out). */
 #include <stdlib.h>
+#include "comm/agree.h"
 #include "tp/tp_internal.h"
 
 struct dtl_tp_linear {
@@ -21,11 +22,10 @@ static dtl_placement dtl__tp_linear_out_p(const dtl_tp_linear *l) {
   return l->gather ? dtl_replicate() : dtl_shard(1);
 }
 
-dtl_status dtl_tp_linear_create(dtl_tp_context *ctx, const dtl_tp_linear_params *p, dtl_tp_linear **out) {
+/* This rank's layer: the checks and copies of dtl_tp_linear_create, before its agreement. */
+static dtl_status dtl__tp_linear_build(dtl_tp_context *ctx, const dtl_tp_linear_params *p, dtl_tp_linear **out) {
   static const char fn[] = "dtl_tp_linear_create";
-  DTL_CHECK_ARG(ctx != NULL, fn, "ctx=NULL");
   DTL_CHECK_ARG(p != NULL, fn, "params=NULL");
-  DTL_CHECK_ARG(out != NULL, fn, "out=NULL");
   DTL_TRY(dtl__tp_check_bits(fn, "params", p->mask, DTL__NO_BITS, p->flags,
                              DTL__BITS(DTL_TP_SEQUENCE_PARALLEL, DTL_TP_GATHER_OUTPUT, DTL_TP_SHARDED_WEIGHTS)));
   DTL_CHECK_ARG(p->kind == DTL_TP_COLUMN || p->kind == DTL_TP_ROW, fn, "kind=%d (expected DTL_TP_COLUMN or DTL_TP_ROW)",
@@ -66,6 +66,22 @@ fail:
   return st;
 }
 
+dtl_status dtl_tp_linear_create(dtl_tp_context *ctx, const dtl_tp_linear_params *p, dtl_tp_linear **out) {
+  static const char fn[] = "dtl_tp_linear_create";
+  DTL_CHECK_ARG(ctx != NULL, fn, "ctx=NULL");
+  dtl_tp_linear *l = NULL;
+  dtl_status st = out ? dtl__tp_linear_build(ctx, p, &l) : dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "out=NULL");
+  uint64_t fp = st == DTL_OK ? dtl__tp_fp(ctx, fn, p->kind, p->in_features, p->out_features,
+                                          (int64_t)(p->flags & 3) << 1 | (p->bias != NULL)) : 0;
+  st = dtl__agree(ctx->comm, fn, fp, st);
+  if (st != DTL_OK) {
+    dtl_tp_linear_destroy(l);
+    return st;
+  }
+  *out = l;
+  return DTL_OK;
+}
+
 dtl_status dtl_tp_linear_layouts(const dtl_tp_linear *l, int64_t tokens, dtl_layout **in, dtl_layout **out) {
   DTL_CHECK_ARG(l != NULL, "dtl_tp_linear_layouts", "layer=NULL");
   return dtl__tp_layouts(l->ctx, "dtl_tp_linear_layouts", tokens, l->in, dtl__tp_linear_in_p(l), l->out,
@@ -76,23 +92,30 @@ dtl_status dtl_tp_linear_forward(dtl_tp_linear *l, const dtl_layout *x_layout, c
   static const char fn[] = "dtl_tp_linear_forward";
   DTL_CHECK_ARG(l != NULL, fn, "layer=NULL");
   dtl_tp_context *ctx = l->ctx;
-  int64_t T;
-  const void *xin;
-  DTL_TRY(dtl__tp_input(ctx, fn, x_layout, l->in, dtl__tp_linear_in_p(l), x, &T, &xin));
-  size_t y_count = (size_t)(l->kind == DTL_TP_COLUMN && !l->gather ? T * l->proj.rows
-                            : l->sp && l->kind == DTL_TP_ROW ? dtl__tp_chunk(ctx, T, ctx->rank).count * l->out
-                                                             : T * l->out);
-  DTL_CHECK_ARG(y != NULL || y_count == 0, fn, "y=NULL");
   size_t e = ctx->elem;
-  if (l->kind == DTL_TP_COLUMN) {
+  bool column = l->kind == DTL_TP_COLUMN;
+  int64_t T = 0;
+  void *mid = NULL, *partial = NULL, *stage;
+  dtl_status st = dtl__tp_input_check(ctx, fn, x_layout, l->in, dtl__tp_linear_in_p(l), x, &T);
+  if (st == DTL_OK) {
+    size_t y_count = (size_t)(column && !l->gather ? T * l->proj.rows
+                              : l->sp && !column ? dtl__tp_chunk(ctx, T, ctx->rank).count * l->out
+                                                 : T * l->out);
+    if (!y && y_count) st = dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "y=NULL with %zu elements", y_count);
+  }
+  size_t gather_bytes = st == DTL_OK && column && l->gather ? dtl__tp_gather_columns_bytes(ctx, T, l->out) : 0;
+  if (st == DTL_OK && column && l->gather) st = dtl__tp_scratch(ctx, DTL__TP_WS_MID, (size_t)(T * l->proj.rows) * e, &mid);
+  if (st == DTL_OK && gather_bytes) st = dtl__tp_scratch(ctx, DTL__TP_WS_COMM, gather_bytes, &stage);
+  if (st == DTL_OK && !column) st = dtl__tp_scratch(ctx, DTL__TP_WS_PARTIAL, (size_t)(T * l->out) * e, &partial);
+  DTL_TRY(dtl__agree_checked(ctx->comm, fn, dtl__tp_fp(ctx, fn, l->kind, l->in, l->out, T << 2 | l->sp << 1 | l->gather), st));
+
+  const void *xin;
+  DTL_TRY(dtl__tp_input(ctx, l->in, dtl__tp_linear_in_p(l), x, T, &xin));
+  if (column) {
     if (!l->gather) return dtl__tp_proj_apply(ctx, &l->proj, true, T, xin, l->in, y, l->proj.rows);
-    void *mid;
-    DTL_TRY(dtl__tp_scratch(ctx, DTL__TP_WS_MID, (size_t)(T * l->proj.rows) * e, &mid));
     DTL_TRY(dtl__tp_proj_apply(ctx, &l->proj, true, T, xin, l->in, mid, l->proj.rows));
     return dtl__tp_gather_columns(ctx, T, l->out, mid, y);
   }
-  void *partial;
-  DTL_TRY(dtl__tp_scratch(ctx, DTL__TP_WS_PARTIAL, (size_t)(T * l->out) * e, &partial));
   DTL_TRY(dtl__tp_proj_apply(ctx, &l->proj, false, T, xin, l->proj.cols, partial, l->out));
   return dtl__tp_reduce(ctx, T, l->out, l->sp, partial, l->proj.bias, y);
 }

@@ -4,6 +4,7 @@
  * one reduction out (plus one gather in with sequence parallelism). The activation runs here on the host
  * and in mlp.cu on a device. */
 #include <stdlib.h>
+#include "comm/agree.h"
 #include "tp/stages.h"
 #include "tp/tp_internal.h"
 #include "tp/tp_math.h"
@@ -18,11 +19,10 @@ struct dtl_tp_mlp {
 
 static dtl_placement dtl__tp_mlp_p(const dtl_tp_mlp *m) { return m->sp ? dtl_shard(0) : dtl_replicate(); }
 
-dtl_status dtl_tp_mlp_create(dtl_tp_context *ctx, const dtl_tp_mlp_params *p, dtl_tp_mlp **out) {
+/* This rank's block: the checks and copies of dtl_tp_mlp_create, before its agreement. */
+static dtl_status dtl__tp_mlp_build(dtl_tp_context *ctx, const dtl_tp_mlp_params *p, dtl_tp_mlp **out) {
   static const char fn[] = "dtl_tp_mlp_create";
-  DTL_CHECK_ARG(ctx != NULL, fn, "ctx=NULL");
   DTL_CHECK_ARG(p != NULL, fn, "params=NULL");
-  DTL_CHECK_ARG(out != NULL, fn, "out=NULL");
   DTL_TRY(dtl__tp_check_bits(fn, "params", p->mask, DTL__NO_BITS, p->flags,
                              DTL__BITS(DTL_TP_SEQUENCE_PARALLEL, DTL_TP_SHARDED_WEIGHTS)));
   DTL_CHECK_ARG(p->activation == DTL_TP_ACT_SILU_GATED || p->activation == DTL_TP_ACT_GELU, fn,
@@ -61,6 +61,23 @@ fail:
   return st;
 }
 
+dtl_status dtl_tp_mlp_create(dtl_tp_context *ctx, const dtl_tp_mlp_params *p, dtl_tp_mlp **out) {
+  static const char fn[] = "dtl_tp_mlp_create";
+  DTL_CHECK_ARG(ctx != NULL, fn, "ctx=NULL");
+  dtl_tp_mlp *m = NULL;
+  dtl_status st = out ? dtl__tp_mlp_build(ctx, p, &m) : dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "out=NULL");
+  uint64_t fp = st == DTL_OK ? dtl__tp_fp(ctx, fn, p->activation, p->hidden, p->ffn,
+                                          (int64_t)(p->flags & 1) << 2 | (p->gate_up_bias != NULL) << 1 |
+                                              (p->down_bias != NULL)) : 0;
+  st = dtl__agree(ctx->comm, fn, fp, st);
+  if (st != DTL_OK) {
+    dtl_tp_mlp_destroy(m);
+    return st;
+  }
+  *out = m;
+  return DTL_OK;
+}
+
 dtl_status dtl_tp_mlp_layouts(const dtl_tp_mlp *m, int64_t tokens, dtl_layout **in, dtl_layout **out) {
   DTL_CHECK_ARG(m != NULL, "dtl_tp_mlp_layouts", "block=NULL");
   return dtl__tp_layouts(m->ctx, "dtl_tp_mlp_layouts", tokens, m->hidden, dtl__tp_mlp_p(m), m->hidden, dtl__tp_mlp_p(m),
@@ -90,15 +107,18 @@ dtl_status dtl_tp_mlp_forward(dtl_tp_mlp *m, const dtl_layout *x_layout, const v
   static const char fn[] = "dtl_tp_mlp_forward";
   DTL_CHECK_ARG(m != NULL, fn, "block=NULL");
   dtl_tp_context *ctx = m->ctx;
-  int64_t T;
-  const void *xin;
-  DTL_TRY(dtl__tp_input(ctx, fn, x_layout, m->hidden, dtl__tp_mlp_p(m), x, &T, &xin));
-  DTL_CHECK_ARG(y != NULL || dtl_layout_local_count(x_layout) == 0, fn, "y=NULL");
   size_t e = ctx->elem;
-  int64_t width = m->gate_up.rows;
-  void *h, *partial;
-  DTL_TRY(dtl__tp_scratch(ctx, DTL__TP_WS_MID, (size_t)(T * width) * e, &h));
-  DTL_TRY(dtl__tp_scratch(ctx, DTL__TP_WS_PARTIAL, (size_t)(T * m->hidden) * e, &partial));
+  int64_t T = 0, width = m->gate_up.rows;
+  void *h = NULL, *partial = NULL;
+  dtl_status st = dtl__tp_input_check(ctx, fn, x_layout, m->hidden, dtl__tp_mlp_p(m), x, &T);
+  if (st == DTL_OK && !y && dtl_layout_local_count(x_layout))
+    st = dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "y=NULL with %zu elements", dtl_layout_local_count(x_layout));
+  if (st == DTL_OK) st = dtl__tp_scratch(ctx, DTL__TP_WS_MID, (size_t)(T * width) * e, &h);
+  if (st == DTL_OK) st = dtl__tp_scratch(ctx, DTL__TP_WS_PARTIAL, (size_t)(T * m->hidden) * e, &partial);
+  DTL_TRY(dtl__agree_checked(ctx->comm, fn, dtl__tp_fp(ctx, fn, m->act, m->hidden, m->ffn, T << 1 | m->sp), st));
+
+  const void *xin;
+  DTL_TRY(dtl__tp_input(ctx, m->hidden, dtl__tp_mlp_p(m), x, T, &xin));
   DTL_TRY(dtl__tp_proj_apply(ctx, &m->gate_up, true, T, xin, m->hidden, h, width));
   DTL_TRY(dtl__tp_activate(ctx, m->act, h, T, m->f_local, width));
   DTL_TRY(dtl__tp_proj_apply(ctx, &m->down, false, T, h, width, partial, m->hidden));

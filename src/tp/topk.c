@@ -4,6 +4,7 @@
  * way. The order is total (NaN first, then larger values, then lower indices), so the result equals a dense
  * top-k over the gathered row with ties broken by lowest index. The per-rank selection runs here on the host
  * and in topk.cu on a device; the merge of the (few) gathered candidates always runs here. */
+#include "comm/agree.h"
 #include "tp/stages.h"
 #include "tp/tp_internal.h"
 #include "tp/tp_math.h"
@@ -49,27 +50,37 @@ void dtl__tp_topk_merge(const int64_t *cand, int p, int64_t tokens, int k, int64
   }
 }
 
+/* The checks of a top-k call; *T and *V get the token and vocab counts, *pairs and *all the int64 of this
+ * rank's candidates and of everyone's. */
+static dtl_status dtl__tp_topk_args(dtl_tp_context *ctx, const char *fn, const dtl_layout *logits_layout,
+                                    const void *logits_local, int k, const int64_t *indices, int64_t *T, int64_t *V,
+                                    size_t *pairs, size_t *all) {
+  DTL_CHECK_ARG(logits_layout != NULL, fn, "logits_layout=NULL");
+  DTL_TRY(dtl__tp_check_compute(ctx, fn));
+  *V = logits_layout->ndim == 2 ? logits_layout->shape[1] : -1;
+  DTL_TRY(dtl__tp_check_layout(ctx, fn, "logits_layout", logits_layout, *V, dtl_shard(1), T));
+  DTL_CHECK_ARG(k >= 1 && k <= *V, fn, "k=%d (expected 1..vocab=%lld)", k, (long long)*V);
+  DTL_CHECK_ARG(logits_local != NULL || dtl_layout_local_count(logits_layout) == 0, fn, "logits_local=NULL");
+  DTL_CHECK_ARG(indices != NULL || *T == 0, fn, "indices=NULL");
+  DTL_TRY(dtl__tp_count(fn, "candidates", *T * 2, k, pairs));
+  return dtl__tp_count(fn, "gathered candidates", (int64_t)*pairs, ctx->size, all);
+}
+
 dtl_status dtl_tp_logits_topk(dtl_tp_context *ctx, const dtl_layout *logits_layout, const void *logits_local, int k,
                               float *values, int64_t *indices) {
   static const char fn[] = "dtl_tp_logits_topk";
   DTL_CHECK_ARG(ctx != NULL, fn, "ctx=NULL");
-  DTL_CHECK_ARG(logits_layout != NULL, fn, "logits_layout=NULL");
-  DTL_TRY(dtl__tp_check_compute(ctx, fn));
-  int64_t T, V = logits_layout->ndim == 2 ? logits_layout->shape[1] : -1;
-  DTL_TRY(dtl__tp_check_layout(ctx, fn, "logits_layout", logits_layout, V, dtl_shard(1), &T));
-  DTL_CHECK_ARG(k >= 1 && k <= V, fn, "k=%d (expected 1..vocab=%lld)", k, (long long)V);
-  DTL_CHECK_ARG(logits_local != NULL || dtl_layout_local_count(logits_layout) == 0, fn, "logits_local=NULL");
-  DTL_CHECK_ARG(indices != NULL || T == 0, fn, "indices=NULL");
-  size_t pairs, all;
-  DTL_TRY(dtl__tp_count(fn, "candidates", T * 2, k, &pairs));
-  DTL_TRY(dtl__tp_count(fn, "gathered candidates", (int64_t)pairs, ctx->size, &all));
+  int64_t T = 0, V = 0;
+  size_t pairs = 0, all = 0;
+  dtl_status st = dtl__tp_topk_args(ctx, fn, logits_layout, logits_local, k, indices, &T, &V, &pairs, &all);
   /* Candidates as (value bits, global index) int64 pairs: this rank's in send, everyone's in recv (ctx
    * memory); the merge runs on the host, over recv or its host copy. */
-  void *send, *recv, *host;
-  DTL_TRY(dtl__tp_scratch(ctx, DTL__TP_WS_INPUT, pairs * sizeof(int64_t), &send));
-  DTL_TRY(dtl__tp_scratch(ctx, DTL__TP_WS_MID, all * sizeof(int64_t), &recv));
+  void *send = NULL, *recv = NULL, *host = NULL;
   bool dev = dtl__tp_on_device(ctx);
-  DTL_TRY(dtl__tp_host_scratch(ctx, ((dev ? all : 0) + 2 * (size_t)k) * sizeof(int64_t), &host));
+  if (st == DTL_OK) st = dtl__tp_scratch(ctx, DTL__TP_WS_INPUT, pairs * sizeof(int64_t), &send);
+  if (st == DTL_OK) st = dtl__tp_scratch(ctx, DTL__TP_WS_MID, all * sizeof(int64_t), &recv);
+  if (st == DTL_OK) st = dtl__tp_host_scratch(ctx, ((dev ? all : 0) + 2 * (size_t)k) * sizeof(int64_t), &host);
+  DTL_TRY(dtl__agree_checked(ctx->comm, fn, dtl__tp_fp(ctx, fn, T, V, k, 0), st));
   int64_t *list = host, *merged = dev ? list + 2 * k : recv;
   dtl_tp_range mine = dtl__tp_chunk(ctx, V, ctx->rank);
   if (dev) {
@@ -79,7 +90,7 @@ dtl_status dtl_tp_logits_topk(dtl_tp_context *ctx, const dtl_layout *logits_layo
   } else {
     dtl__tp_topk_local_host(logits_local, T, mine.count, mine.offset, k, send);
   }
-  DTL_TRY(dtl_all_gather(ctx->comm, send, recv, pairs, DTL_INT64));
+  DTL_TRY(dtl__all_gather_agreed(ctx->comm, send, recv, pairs, DTL_INT64));
   if (dev) {
     DTL_TRY(dtl__mem_copy(&ctx->comm->mem, merged, recv, all * sizeof(int64_t)));
     DTL_TRY(ctx->comm->ops->synchronize(ctx->comm));

@@ -35,7 +35,8 @@ struct dtl_tp_context {
   size_t host_ws_bytes;
 };
 
-/* A buffer of at least bytes in slot (contents not kept across growth). */
+/* A buffer of at least bytes in slot (contents not kept across growth). A forward takes every slot it uses
+ * before its first collective; the later calls for the same bytes then never allocate. */
 dtl_status dtl__tp_scratch(dtl_tp_context *ctx, dtl__tp_ws slot, size_t bytes, void **out);
 /* The same in host memory, whatever the communicator's memory. */
 dtl_status dtl__tp_host_scratch(dtl_tp_context *ctx, size_t bytes, void **out);
@@ -92,16 +93,28 @@ dtl_status dtl__tp_proj_apply(dtl_tp_context *ctx, const dtl__tp_proj *p, bool w
 dtl_status dtl__tp_pack_rows(const dtl_tp_context *ctx, const void *src, int64_t src_rows, int64_t ld,
                              const dtl__tp_rows *ranges, int nranges, int64_t col_off, int64_t cols, void *dst);
 
-/* Communication cores (arguments already checked). tokens x features activations in ctx memory. */
+/* Communication cores, called after the caller's checks, allocations and agreement (their collectives do
+ * not agree again). tokens x features activations in ctx memory. */
 dtl_status dtl__tp_reduce(dtl_tp_context *ctx, int64_t tokens, int64_t features, bool sequence_parallel,
                           const void *partial, const void *bias, void *y);
 dtl_status dtl__tp_gather_columns(dtl_tp_context *ctx, int64_t tokens, int64_t features, const void *y_local, void *y);
 dtl_status dtl__tp_gather_tokens(dtl_tp_context *ctx, int64_t tokens, int64_t features, const void *x_local, void *x);
+/* The staging bytes dtl__tp_gather_columns takes from DTL__TP_WS_COMM (0: none). */
+size_t dtl__tp_gather_columns_bytes(const dtl_tp_context *ctx, int64_t tokens, int64_t features);
 
-/* The input of a layer: checks x_layout ([T, features] with on_tp on the TP dim) and x; with sequence
- * parallelism (on_tp = S(0)) all-gathers the token shards into scratch. *xin gets the whole [T, features]. */
-dtl_status dtl__tp_input(dtl_tp_context *ctx, const char *fn, const dtl_layout *x_layout, int64_t features,
-                         dtl_placement on_tp, const void *x, int64_t *tokens, const void **xin);
+/* The input of a layer, in two halves around the agreement. The check: x_layout ([T, features] with on_tp
+ * on the TP dim) and x, and with sequence parallelism (on_tp = S(0)) the scratch of the gathered input;
+ * *tokens gets T. The gather: *xin gets the whole [T, features], all-gathered into that scratch under S(0). */
+dtl_status dtl__tp_input_check(dtl_tp_context *ctx, const char *fn, const dtl_layout *x_layout, int64_t features,
+                               dtl_placement on_tp, const void *x, int64_t *tokens);
+dtl_status dtl__tp_input(dtl_tp_context *ctx, int64_t features, dtl_placement on_tp, const void *x, int64_t tokens,
+                         const void **xin);
+
+/* Every collective entry point of the TP layers (creation and forwards, on the TP group; a context on the
+ * whole mesh) checks all its arguments and takes all its scratch before its first collective, then agrees:
+ * creation always (dtl__agree), a forward or half under DTL_CHECK. This is the fingerprint of such a call:
+ * fn, the context (mesh, TP dim, dtype) and four values of the call. */
+uint64_t dtl__tp_fp(const dtl_tp_context *ctx, const char *fn, int64_t a, int64_t b, int64_t c, int64_t d);
 
 /* The layouts a layer states: [tokens, features] with on_tp on the TP dim. */
 dtl_status dtl__tp_layout(const dtl_tp_context *ctx, int64_t tokens, int64_t features, dtl_placement on_tp,

@@ -10,6 +10,8 @@
 static int rank, size;
 static dtl_comm *world;
 static dtl_mesh *m, *m2; /* two meshes over the world, of the same shape */
+static dtl_comm *checked; /* made with DTL_CHECK=1 (read when a communicator is made) */
+static dtl_mesh *mc;      /* over checked */
 
 #define N 24
 typedef struct {
@@ -110,12 +112,12 @@ static void abstract_meshes_cannot_move_data(void) {
 }
 
 /* disagreeing_ranks_get_mismatch_under_dtl_check: rank size-1 asks for another target (or passes a NULL
- * buffer): every rank returns at once, the others with DTL_ERR_MISMATCH naming that rank. */
+ * buffer): every rank returns at once, the others with DTL_ERR_MISMATCH (or that rank's error) naming that
+ * rank. */
 static void disagreeing_ranks_get_mismatch_under_dtl_check(void) {
-  setenv("DTL_CHECK", "1", 1);
   bufs b;
-  dtl_layout *s0 = layout(m, DTL_INT32, N, 4, dtl_shard(0)), *r = layout(m, DTL_INT32, N, 4, dtl_replicate());
-  dtl_layout *s1 = layout(m, DTL_INT32, N, 4, dtl_shard(1));
+  dtl_layout *s0 = layout(mc, DTL_INT32, N, 4, dtl_shard(0)), *r = layout(mc, DTL_INT32, N, 4, dtl_replicate());
+  dtl_layout *s1 = layout(mc, DTL_INT32, N, 4, dtl_shard(1));
   char odd[32];
   snprintf(odd, sizeof odd, "rank %d ", size - 1);
   /* Agreeing calls pass the check and work. */
@@ -126,26 +128,25 @@ static void disagreeing_ranks_get_mismatch_under_dtl_check(void) {
     bool me_odd = rank == size - 1;
     dtl_status st = dtl_redistribute(s0, b.src, me_odd ? s1 : r, b.dst);
     if (rank == 0) printf("  rank 0 was told: %s\n", dtl_last_error());
-    CHECK(st == DTL_ERR_MISMATCH && strstr(dtl_last_error(), odd) && strstr(dtl_last_error(), "DTL_CHECK"),
+    CHECK(st == DTL_ERR_MISMATCH && strstr(dtl_last_error(), odd) && strstr(dtl_last_error(), "another call"),
           "different targets: %s %s", dtl_status_name(st), dtl_last_error());
     CHECK(untouched(&b), "a mismatched call wrote a buffer");
-    /* One rank's own argument error: it gets that error, the others a mismatch naming it. */
+    /* One rank's own argument error: it gets that error, the others the same status naming it. */
     st = dtl_redistribute(s0, b.src, r, me_odd ? NULL : b.dst);
     if (me_odd) CHECK(st == DTL_ERR_INVALID_ARGUMENT && strstr(dtl_last_error(), "dst_local=NULL"), "%s", dtl_last_error());
-    else CHECK(st == DTL_ERR_MISMATCH && strstr(dtl_last_error(), odd), "%s %s", dtl_status_name(st), dtl_last_error());
+    else CHECK(st == DTL_ERR_INVALID_ARGUMENT && strstr(dtl_last_error(), odd), "%s %s", dtl_status_name(st), dtl_last_error());
     /* distribute with a root that one rank gets wrong, and with a NULL dense tensor on root. */
     st = dtl_distribute(s0, b.src, me_odd ? 1 : 0, b.dst);
     CHECK(st == DTL_ERR_MISMATCH, "distribute roots: %s %s", dtl_status_name(st), dtl_last_error());
     st = dtl_distribute(s0, rank == 0 ? NULL : b.src, 0, b.dst);
     if (rank == 0) CHECK(st == DTL_ERR_INVALID_ARGUMENT && strstr(dtl_last_error(), "dense_on_root=NULL"), "%s", dtl_last_error());
-    else CHECK(st == DTL_ERR_MISMATCH && strstr(dtl_last_error(), "rank 0 "), "%s %s", dtl_status_name(st), dtl_last_error());
+    else CHECK(st == DTL_ERR_INVALID_ARGUMENT && strstr(dtl_last_error(), "rank 0 "), "%s %s", dtl_status_name(st), dtl_last_error());
     CHECK(untouched(&b), "a mismatched call wrote a buffer");
     /* full_tensor of different layouts. */
     st = dtl_full_tensor(me_odd ? s1 : s0, b.src, b.dst);
     CHECK(st == DTL_ERR_MISMATCH, "full_tensor: %s %s", dtl_status_name(st), dtl_last_error());
     CHECK(untouched(&b), "a mismatched call wrote a buffer");
   }
-  unsetenv("DTL_CHECK");
   dtl_layout_destroy(s0);
   dtl_layout_destroy(s1);
   dtl_layout_destroy(r);
@@ -159,12 +160,18 @@ int main(int argc, char **argv) {
   REQUIRE_OK(dtl_comm_from_mpi(MPI_COMM_WORLD, &world));
   REQUIRE_OK(dtl_mesh_create(world, 1, shape, &m));
   REQUIRE_OK(dtl_mesh_create(world, 1, shape, &m2));
+  setenv("DTL_CHECK", "1", 1);
+  REQUIRE_OK(dtl_comm_from_mpi(MPI_COMM_WORLD, &checked));
+  unsetenv("DTL_CHECK");
+  REQUIRE_OK(dtl_mesh_create(checked, 1, shape, &mc));
   RUN(mismatched_layout_pairs_are_rejected);
   RUN(unsupported_transitions_and_aliasing_are_rejected);
   RUN(abstract_meshes_cannot_move_data);
   RUN(disagreeing_ranks_get_mismatch_under_dtl_check);
   dtl_mesh_destroy(m);
   dtl_mesh_destroy(m2);
+  dtl_mesh_destroy(mc);
   dtl_comm_destroy(world);
+  dtl_comm_destroy(checked);
   return dt_finish();
 }

@@ -13,5 +13,6 @@
 #include "dtl/plan.h"
 #include "dtl/tp.h"
 #include "dtl/moe.h"
+#include "dtl/cp.h"
 
 #endif

@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <string.h>
 #include "attn/attn.h"
+#include "layout/layout_internal.h"
 
 /* The scores one pass holds at most (floats), on either side. */
 #define DTL__ATTN_SCORE_FLOATS (((int64_t)64 << 20) / (int64_t)sizeof(float))
@@ -37,6 +38,36 @@ dtl_status dtl__attn_check(const char *fn, const dtl__attn_shape *s) {
                            (long long)lo, (long long)hi, (long long)s->kn - 1);
   }
   if (!isfinite(s->scale)) return dtl__error_fn(DTL_ERR_INTERNAL, fn, "scale=%g (expected finite)", (double)s->scale);
+  return DTL_OK;
+}
+
+dtl_status dtl__attn_heads(const char *fn, const char *group_name, int64_t q_heads, int64_t kv_heads, int n, int r,
+                           dtl__attn_range *q, dtl__attn_range *kv) {
+  DTL_CHECK_ARG(q_heads >= 1 && kv_heads >= 1, fn, "q_heads=%lld kv_heads=%lld (expected >= 1)", (long long)q_heads,
+                (long long)kv_heads);
+  DTL_CHECK_ARG(q_heads % kv_heads == 0, fn,
+                "q_heads=%lld is not a multiple of kv_heads=%lld (grouped-query attention needs whole groups)",
+                (long long)q_heads, (long long)kv_heads);
+  int64_t g = q_heads / kv_heads;
+  dtl__attn_range qr, kr;
+  if (n <= kv_heads) {
+    dtl__chunk(kv_heads, n, r, &kr.offset, &kr.count);
+    qr = (dtl__attn_range){kr.offset * g, kr.count * g};
+  } else {
+    DTL_CHECK_ARG(n % kv_heads == 0, fn,
+                  "kv_heads=%lld does not divide %s=%d (with %s > kv_heads every kv head is replicated on "
+                  "%s / kv_heads ranks)",
+                  (long long)kv_heads, group_name, n, group_name, group_name);
+    DTL_CHECK_ARG(q_heads % n == 0, fn,
+                  "q_heads=%lld is not a multiple of %s=%d (needed when %s > kv_heads=%lld, so that the ranks "
+                  "sharing a kv head split its q heads evenly)",
+                  (long long)q_heads, group_name, n, group_name, (long long)kv_heads);
+    int64_t replicas = n / kv_heads, per = q_heads / n;
+    kr = (dtl__attn_range){r / replicas, 1};
+    qr = (dtl__attn_range){r * per, per};
+  }
+  if (q) *q = qr;
+  if (kv) *kv = kr;
   return DTL_OK;
 }
 
@@ -179,6 +210,7 @@ dtl_status dtl__attn_host(const dtl__gemm_engine *g, const dtl__attn_shape *s, c
       }
       DTL_TRY(dtl__gemm(g, DTL_FLOAT32, m, D, n, 1.0f, scores, n, vt + kh * D * tk + kb, tk, 0.0f,
                         out + i0 * s->ldo + h * D, s->ldo));
+      if (s->progress) s->progress(s->progress_arg);
     }
   }
   return DTL_OK;

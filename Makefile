@@ -30,7 +30,7 @@ build: configure
 
 demo: build
 	$(MPIRUN) -n $(NP) $(BUILD)/examples/collectives
-	@for ex in quickstart tp_transformer moe; do \
+	@for ex in quickstart tp_transformer moe context_parallel; do \
 	  if [ -x $(BUILD)/examples/$$ex ]; then echo "== $$ex on $(NP) ranks"; \
 	    $(MPIRUN) -n $(NP) $(BUILD)/examples/$$ex || exit 1; fi; done
 

@@ -66,10 +66,9 @@ static DTL_HD inline int64_t dtl__attn_key_end(const dtl__attn_shape *s, int64_t
   return n < 0 ? 0 : n > s->tk ? s->tk : n;
 }
 /* The log-sum-exp of a row from its max score mx and sum of exp(score - mx): -inf for a row that saw
- * nothing (no key, or every score -inf). */
-static DTL_HD inline float dtl__attn_lse(float mx, float sum) {
-  return mx == -INFINITY || !(sum > 0.0f) ? -INFINITY : mx + logf(sum);
-}
+ * nothing (no key, or every score -inf); NaN when a NaN score made the sum NaN (it must not pass for an
+ * empty row, which a merge would drop). */
+static DTL_HD inline float dtl__attn_lse(float mx, float sum) { return mx == -INFINITY ? -INFINITY : mx + logf(sum); }
 
 /* Which heads a rank of a group of n computes, never cutting a head: the rule of tensor parallelism
  * (documented on dtl_tp_attention_heads in <dtl/tp.h>) that all-to-all context parallelism splits heads by

@@ -26,9 +26,24 @@ static dtl_status dtl__state_check_type(const char *fn, dtl_dtype t) {
                        dtl_dtype_name(t) ? dtl_dtype_name(t) : "?");
 }
 
+/* Blocks of 8 with a fixed inner trip count, which GCC's -O2 vectoriser takes (a loop of unknown length that
+ * would need a scalar epilogue it leaves alone). */
+#define DTL__STATE_LANES 8
+
 /* a = wa a + wb b over n f32 values (a and b do not overlap). */
 static void dtl__state_blend_f32(float *restrict a, const float *restrict b, float wa, float wb, int64_t n) {
-  for (int64_t d = 0; d < n; d++) a[d] = wa * a[d] + wb * b[d];
+  int64_t d = 0;
+  for (; d + DTL__STATE_LANES <= n; d += DTL__STATE_LANES)
+    for (int l = 0; l < DTL__STATE_LANES; l++) a[d + l] = wa * a[d + l] + wb * b[d + l];
+  for (; d < n; d++) a[d] = wa * a[d] + wb * b[d];
+}
+
+/* o = w s over n f32 values. */
+static void dtl__state_scale_f32(float *restrict o, const float *restrict s, float w, int64_t n) {
+  int64_t d = 0;
+  for (; d + DTL__STATE_LANES <= n; d += DTL__STATE_LANES)
+    for (int l = 0; l < DTL__STATE_LANES; l++) o[d + l] = w * s[d + l];
+  for (; d < n; d++) o[d] = w * s[d];
 }
 
 dtl_status dtl__attn_merge_host(int64_t rows, int64_t H, int64_t D, void *o_a, int64_t lda, float *lse_a,
@@ -71,9 +86,11 @@ dtl_status dtl__attn_rescale_host(int64_t rows, int64_t H, int64_t D, const void
       if (w == 0.0f) { /* an empty state contributes exact zeros, whatever its o holds */
         for (int64_t d = 0; d < D; d++) dtl__state_store(dst, d0 + d, 0.0f, t);
       } else if (ts == DTL_FLOAT32 && t == DTL_FLOAT32) {
-        const float *s = (const float *)src + s0;
+        const float *x = (const float *)src + s0;
         float *o = (float *)dst + d0;
-        for (int64_t d = 0; d < D; d++) o[d] = w * s[d];
+        if (x != o) dtl__state_scale_f32(o, x, w, D);
+        else
+          for (int64_t d = 0; d < D; d++) o[d] *= w;
       } else {
         for (int64_t d = 0; d < D; d++) dtl__state_store(dst, d0 + d, w * dtl__state_load(src, s0 + d, ts), t);
       }

@@ -28,9 +28,11 @@ static DTL_HD inline float dtl__attn_merge_weights(float la, float lb, float *wa
     *wa = 0.0f, *wb = 1.0f;
     return lb;
   }
-  float m = fmaxf(la, lb), ea = expf(la - m), eb = expf(lb - m), s = ea + eb;
-  *wa = ea / s, *wb = eb / s;
-  return m + logf(s);
+  /* The larger side's exponential is exactly 1: one exp, one log1p, one division. */
+  float d = la - lb, e = expf(-fabsf(d)), inv = 1.0f / (1.0f + e);
+  *wa = d >= 0.0f ? inv : e * inv;
+  *wb = d >= 0.0f ? e * inv : inv;
+  return (d >= 0.0f ? la : lb) + log1pf(e);
 }
 
 /* log sum_r exp(l[r * stride]) over r < p: -inf when every term is -inf. */

@@ -26,16 +26,6 @@
 #include <dtl/mpi.h>
 #include "bench_util.h"
 
-static float *uniform(uint64_t seed, size_t n, float scale) {
-  float *p = malloc(n * sizeof *p + 4);
-  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (size_t i = 0; i < n; i++) {
-    s = s * 6364136223846793005ull + 1442695040888963407ull;
-    p[i] = scale * (2.0f * (float)(s >> 40) / 16777216.0f - 1.0f);
-  }
-  return p;
-}
-
 /* The rows of rank r of p (zig-zag), packed from a [T, w] array. */
 static float *rows_of(const float *a, int64_t T, int64_t w, int p, int r, int64_t *n) {
   dtl_cp_range rg[2];
@@ -180,8 +170,8 @@ int main(int argc, char **argv) {
   const int64_t w = heads * D;
   for (int ti = 0; ti < nT; ti++) {
     int64_t T = Ts[ti];
-    float *Q = uniform(1, (size_t)(T * w), 1.0f), *K = uniform(2, (size_t)(T * w), 1.0f);
-    float *V = uniform(3, (size_t)(T * w), 1.0f), *Od = malloc(sizeof(float) * (size_t)(T * w) + 4);
+    float *Q = bench_uniform(1, (size_t)(T * w), 1.0f), *K = bench_uniform(2, (size_t)(T * w), 1.0f);
+    float *V = bench_uniform(3, (size_t)(T * w), 1.0f), *Od = malloc(sizeof(float) * (size_t)(T * w) + 4);
     dtl_cp_attention_params prm = {.flags = DTL_CP_CAUSAL, .tokens = T, .q_heads = heads, .kv_heads = heads,
                                    .head_dim = D};
     /* dense: ring and ulysses on one rank are the same core calls; the faster is the baseline */
@@ -245,8 +235,8 @@ int main(int argc, char **argv) {
            "memcpy(us)", "GB/s", "ratio");
   for (int ti = 0; ti < nT; ti++) {
     int64_t T = Ts[ti], states = T * heads, n = states * D;
-    merge_arg m = {n, states, uniform(4, (size_t)n, 1.0f), uniform(5, (size_t)states, 2.0f), uniform(6, (size_t)n, 1.0f),
-                   uniform(7, (size_t)states, 2.0f), uniform(8, (size_t)n * 3 / 2, 1.0f),
+    merge_arg m = {n, states, bench_uniform(4, (size_t)n, 1.0f), bench_uniform(5, (size_t)states, 2.0f), bench_uniform(6, (size_t)n, 1.0f),
+                   bench_uniform(7, (size_t)states, 2.0f), bench_uniform(8, (size_t)n * 3 / 2, 1.0f),
                    malloc(sizeof(float) * (size_t)n * 3 / 2 + 4), 0};
     double bytes = 3.0 * (double)n * 4 + 3.0 * (double)states * 4;
     double t_merge = timed(warmup, iters * 4, merge_step, &m);

@@ -1,51 +1,70 @@
 # SPDX-License-Identifier: Apache-2.0
 # Thin driver over CMake. `make demo` and `make test` work on a fresh machine: they install the missing
-# Debian packages (as root), configure, build, and run the examples or the whole test suite.
+# Debian packages (as root), configure, build, and run the examples or the whole test suite. Only setup,
+# demo, test and test-mpich install anything; DTL_NO_INSTALL=1 turns that off (setup then only checks).
 BUILD       ?= build
 BUILD_ASAN  ?= build-asan
+BUILD_MPICH ?= build-mpich
 PREFIX      ?= /usr/local
 NP          ?= 4
 JOBS        ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_FLAGS ?=
-PACKAGES    := libopenmpi-dev openmpi-bin libcmocka-dev libopenblas-dev cmake pkg-config
-# mpirun as root needs the two OMPI_ALLOW variables; small machines need --oversubscribe for 3+ ranks.
-export OMPI_ALLOW_RUN_AS_ROOT := 1
-export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
-MPIRUN      := mpirun --oversubscribe --bind-to none --mca btl self,vader
+PACKAGES       := libopenmpi-dev openmpi-bin libcmocka-dev libopenblas-dev libjansson-dev cmake pkg-config
+MPICH_PACKAGES := libmpich-dev mpich
+# Debian's MPICH beside its default OpenMPI: the suffixed wrapper and launcher pick it. CPU-only, because
+# the NCCL backend does not depend on the MPI and building it twice costs time.
+MPICH_CMAKE_FLAGS := -DMPI_C_COMPILER=mpicc.mpich -DMPIEXEC_EXECUTABLE=mpiexec.mpich -DDTL_WITH_CUDA=OFF
+# mpiexec with the flags and environment of the MPI that $(BUILD) was configured with (OpenMPI needs
+# --oversubscribe and the OMPI_ALLOW_RUN_AS_ROOT variables, MPICH neither); cmake/dtl_targets.cmake writes it.
+MPIRUN      ?= $(BUILD)/dtl-mpiexec
+SUBMAKE     := $(MAKE) --no-print-directory
+export DTL_NO_INSTALL
 
-.PHONY: all setup configure build demo test test-fast test-asan bench install clean
+.PHONY: all setup configure build demo test test-fast test-asan test-mpich bench install clean
 
 all: build
 
+# MPI=mpich adds the MPICH packages (test-mpich asks for them).
 setup:
-	@./tools/setup.sh $(PACKAGES)
+	@./tools/setup.sh $(PACKAGES) $(if $(filter mpich,$(MPI)),$(MPICH_PACKAGES))
 
-$(BUILD)/CMakeCache.txt: | setup
+$(BUILD)/CMakeCache.txt:
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_FLAGS)
 
-configure: setup $(BUILD)/CMakeCache.txt
+configure: $(BUILD)/CMakeCache.txt
 
 build: configure
 	cmake --build $(BUILD) -j $(JOBS)
 
-demo: build
+# Sub-makes, so that setup has finished before anything is configured, also under make -j.
+demo:
+	@$(SUBMAKE) setup
+	@$(SUBMAKE) build
 	$(MPIRUN) -n $(NP) $(BUILD)/examples/collectives
 	@for ex in quickstart tp_transformer moe context_parallel; do \
 	  if [ -x $(BUILD)/examples/$$ex ]; then echo "== $$ex on $(NP) ranks"; \
 	    $(MPIRUN) -n $(NP) $(BUILD)/examples/$$ex || exit 1; fi; done
 
 # The whole suite, then again under AddressSanitizer + UndefinedBehaviorSanitizer (label "sanitize").
-test: build
-	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
-	$(MAKE) --no-print-directory test-asan
+test:
+	@$(SUBMAKE) setup
+	@$(SUBMAKE) test-fast
+	@$(SUBMAKE) test-asan
 
 test-fast: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
-test-asan: setup
+test-asan:
 	cmake -S . -B $(BUILD_ASAN) -DCMAKE_BUILD_TYPE=Debug -DDTL_SANITIZE=ON -DDTL_WITH_CUDA=OFF $(CMAKE_FLAGS)
 	cmake --build $(BUILD_ASAN) -j $(JOBS)
 	cd $(BUILD_ASAN) && ctest --output-on-failure -j $(JOBS) -L sanitize
+
+# The whole suite against MPICH instead of OpenMPI, in its own build folder.
+test-mpich:
+	@$(SUBMAKE) setup MPI=mpich
+	cmake -S . -B $(BUILD_MPICH) -DCMAKE_BUILD_TYPE=RelWithDebInfo $(MPICH_CMAKE_FLAGS) $(CMAKE_FLAGS)
+	cmake --build $(BUILD_MPICH) -j $(JOBS)
+	cd $(BUILD_MPICH) && ctest --output-on-failure -j $(JOBS)
 
 # Speed targets live here, never in timed tests. Each line is one table of the README.
 bench: build
@@ -54,9 +73,10 @@ bench: build
 	$(BUILD)/bench/dtl_plan_perf
 	for np in 1 2; do $(MPIRUN) -n $$np $(BUILD)/bench/dtl_tp_perf || exit 1; done
 	for np in 2 4; do $(MPIRUN) -n $$np $(BUILD)/bench/dtl_moe_perf -b 64 -e 2K -f 2 || exit 1; done
+	for np in 1 2 4; do $(MPIRUN) -n $$np $(BUILD)/bench/dtl_load_perf -s 256M -n 3 || exit 1; done
 
 install: build
 	cmake --install $(BUILD) --prefix $(PREFIX)
 
 clean:
-	rm -rf $(BUILD) $(BUILD_ASAN)
+	rm -rf $(BUILD) $(BUILD_ASAN) $(BUILD_MPICH)

@@ -34,6 +34,7 @@
 #ifndef DTL_TP_H
 #define DTL_TP_H
 
+#include "dtl/checkpoint.h"
 #include "dtl/layout.h"
 
 #ifdef __cplusplus
@@ -53,6 +54,10 @@ typedef struct dtl_tp_context dtl_tp_context;
 #define DTL_TP_GATHER_OUTPUT DTL_BIT(1)     /* flags: column-parallel: gather the S(1) output to R */
 #define DTL_TP_SCALE DTL_BIT(2)             /* mask, attention: scale is read (default 1/sqrt(head_dim)) */
 #define DTL_TP_OPT_DTYPE DTL_BIT(3)         /* mask, options: dtype is read (default DTL_FLOAT32) */
+/* flags, layers: every weight and bias pointer of the params holds this rank's shard, exactly as the
+ * dtl_tp_weight_shard_* / dtl_tp_weight_read_* functions produce it (row-parallel biases: the whole [out]),
+ * instead of the dense tensor; so a rank never holds a dense weight. */
+#define DTL_TP_SHARDED_WEIGHTS DTL_BIT(4)
 
 typedef struct {
   uint64_t mask;   /* DTL_TP_OPT_DTYPE */
@@ -121,6 +126,29 @@ DTL_API dtl_status dtl_tp_weight_shard_attention_out(const dtl_tp_context *ctx, 
 DTL_API dtl_status dtl_tp_weight_shard_gate_up(const dtl_tp_context *ctx, const void *w, int64_t ffn, int64_t in,
                                                void *shard);
 
+/* The same shards read straight from a safetensors checkpoint (<dtl/checkpoint.h>): each rank reads only its
+ * rows or columns (never the dense tensor) into shard, in the context's memory, with exactly the layout that
+ * the dtl_tp_weight_shard_* function above gives for the dense array. The tensor's dtype must be the
+ * context's and its shape the stated one, [out, in], or [out] for a bias when in = 1 (else
+ * DTL_ERR_INVALID_ARGUMENT naming the tensor, the field and both values; shard untouched). Purely local: no
+ * communication, every rank opens the file itself.
+ * qkv: k = v = NULL reads the fused [(q_heads + 2 kv_heads) * head_dim, in] tensor q; with k and v given, q
+ * [q_heads * head_dim, in], k and v [kv_heads * head_dim, in] are separate tensors (Hugging Face q_proj,
+ * k_proj, v_proj) and the shard is the same fused one. gate_up likewise: up = NULL reads the fused
+ * [2 ffn, in] tensor gate; with up given, gate and up are [ffn, in] each (gate_proj, up_proj). */
+DTL_API dtl_status dtl_tp_weight_read_column(const dtl_tp_context *ctx, const dtl_safetensors *f, const char *name,
+                                             int64_t out, int64_t in, void *shard);
+DTL_API dtl_status dtl_tp_weight_read_row(const dtl_tp_context *ctx, const dtl_safetensors *f, const char *name,
+                                          int64_t out, int64_t in, void *shard);
+DTL_API dtl_status dtl_tp_weight_read_qkv(const dtl_tp_context *ctx, const dtl_safetensors *f, const char *q,
+                                          const char *k, const char *v, int64_t q_heads, int64_t kv_heads,
+                                          int64_t head_dim, int64_t in, void *shard);
+DTL_API dtl_status dtl_tp_weight_read_attention_out(const dtl_tp_context *ctx, const dtl_safetensors *f,
+                                                    const char *name, int64_t q_heads, int64_t kv_heads,
+                                                    int64_t head_dim, int64_t out, void *shard);
+DTL_API dtl_status dtl_tp_weight_read_gate_up(const dtl_tp_context *ctx, const dtl_safetensors *f, const char *gate,
+                                              const char *up, int64_t ffn, int64_t in, void *shard);
+
 /* ---------------------------------------------------------------------------------------------------- */
 /* Communication halves: exactly the collective of each layer, on caller buffers [tokens, features].   */
 /* The full layers below use these. Each checks the given layout against what it can take.              */
@@ -141,7 +169,8 @@ DTL_API dtl_status dtl_tp_sequence_gather(dtl_tp_context *ctx, const dtl_layout 
                                           void *x);
 
 /* ---------------------------------------------------------------------------------------------------- */
-/* Layers. Each is created from dense weights (copied and sharded at creation; the caller keeps its own)  */
+/* Layers. Each is created from dense weights (copied and sharded at creation; the caller keeps its own),  */
+/* or from this rank's shards with DTL_TP_SHARDED_WEIGHTS (copied; e.g. read by dtl_tp_weight_read_*),     */
 /* and states its input and output layouts; forward checks the input layout (DTL_ERR_MISMATCH naming both */
 /* when it differs) and writes this rank's local shard of the output.                                   */
 /* ---------------------------------------------------------------------------------------------------- */
@@ -153,11 +182,11 @@ typedef enum { DTL_TP_COLUMN = 0, DTL_TP_ROW = 1 } dtl_tp_linear_kind;
  *         SEQUENCE_PARALLEL (reduce-scatter on tokens); the bias is added once after the reduction. */
 typedef struct {
   uint64_t mask;  /* no optional fields yet: 0 */
-  uint64_t flags; /* DTL_TP_SEQUENCE_PARALLEL, DTL_TP_GATHER_OUTPUT (column only) */
+  uint64_t flags; /* DTL_TP_SEQUENCE_PARALLEL, DTL_TP_GATHER_OUTPUT (column only), DTL_TP_SHARDED_WEIGHTS */
   dtl_tp_linear_kind kind;
   int64_t in_features, out_features;
-  const void *weight; /* dense [out, in]; required */
-  const void *bias;   /* dense [out]; NULL = none */
+  const void *weight; /* dense [out, in] (SHARDED_WEIGHTS: shard_column/row's shard); required */
+  const void *bias;   /* dense [out] (SHARDED_WEIGHTS: column: its column shard; row: the whole [out]); NULL = none */
 } dtl_tp_linear_params;
 typedef struct dtl_tp_linear dtl_tp_linear;
 DTL_API dtl_status dtl_tp_linear_create(dtl_tp_context *ctx, const dtl_tp_linear_params *p, dtl_tp_linear **out);
@@ -176,7 +205,8 @@ typedef enum {
  * one all-reduce; with SEQUENCE_PARALLEL both S(0), one all-gather in and one reduce-scatter out. */
 typedef struct {
   uint64_t mask;  /* no optional fields yet: 0 */
-  uint64_t flags; /* DTL_TP_SEQUENCE_PARALLEL */
+  uint64_t flags; /* DTL_TP_SEQUENCE_PARALLEL, DTL_TP_SHARDED_WEIGHTS (gate_up: shard_gate_up's or for GELU
+                   * shard_column's shard; down: shard_row's; gate_up_bias: sharded the same way; down_bias: whole) */
   dtl_tp_activation activation;
   int64_t hidden, ffn;
   const void *gate_up;      /* SILU_GATED: fused [2 ffn, hidden] (gate rows, then up rows); GELU: [ffn, hidden] */
@@ -196,7 +226,8 @@ DTL_API void dtl_tp_mlp_destroy(dtl_tp_mlp *m);
  * collectives as for the MLP block. No rotary embedding (apply it to the weights' outputs yourself). */
 typedef struct {
   uint64_t mask;  /* DTL_TP_SCALE */
-  uint64_t flags; /* DTL_TP_SEQUENCE_PARALLEL */
+  uint64_t flags; /* DTL_TP_SEQUENCE_PARALLEL, DTL_TP_SHARDED_WEIGHTS (qkv and qkv_bias: shard_qkv's shards;
+                   * out: shard_attention_out's; out_bias: whole) */
   int64_t hidden, q_heads, kv_heads, head_dim;
   const void *qkv;      /* fused [(q_heads + 2 kv_heads) * head_dim, hidden] */
   const void *out;      /* [hidden, q_heads * head_dim] */
@@ -221,7 +252,7 @@ DTL_API void dtl_tp_attention_destroy(dtl_tp_attention *a);
  * with y untouched. */
 typedef struct {
   uint64_t mask;  /* no optional fields yet: 0 */
-  uint64_t flags; /* DTL_TP_SEQUENCE_PARALLEL */
+  uint64_t flags; /* DTL_TP_SEQUENCE_PARALLEL, DTL_TP_SHARDED_WEIGHTS (table: shard_column's rows) */
   int64_t vocab, hidden;
   const void *table; /* [vocab, hidden] */
 } dtl_tp_embedding_params;

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* The OpenMPI transport: fills the backend vtable with MPI calls on a duplicated communicator set to
- * MPI_ERRORS_RETURN. f16/bf16 travel as 16-bit words and reduce with dtl's own MPI_Ops (each pair combined
+/* The MPI transport (OpenMPI, MPICH): fills the backend vtable with MPI calls on a duplicated communicator set
+ * to MPI_ERRORS_RETURN. f16/bf16 travel as 16-bit words and reduce with dtl's own MPI_Ops (each pair combined
  * in f32); DTL_AVG is an MPI_SUM followed by a local division. MPI (before 4.0 large counts) takes int counts,
  * so one call with a count or displacement beyond INT_MAX elements is DTL_ERR_UNSUPPORTED. */
 #include <limits.h>
@@ -203,9 +203,22 @@ static dtl_status mpi_reduce(dtl_comm *c, const void *send, void *recv, size_t c
   int n = 0;
   DTL_TRY(dtl__int_count("dtl_reduce", count, &n));
   const void *s = (c->rank == root && send == recv) ? MPI_IN_PLACE : send;
+  void *copy = NULL;
+#if defined(MPICH_NUMVERSION) && MPICH_NUMVERSION < 40102300
+  /* MPICH before 4.1.2 reads MPI_IN_PLACE as an address at a root other than 0 once the message is over
+   * 2 KiB and crashes (pmodels/mpich#6540, seen with Debian's 4.0.2): reduce from a copy there instead. */
+  if (s == MPI_IN_PLACE && root != 0 && count > 0) {
+    size_t bytes = count * dtl_dtype_size(t);
+    if (!(copy = dtl__malloc(bytes))) return dtl__error(DTL_ERR_OUT_OF_MEMORY, "dtl_reduce: out of host memory");
+    s = memcpy(copy, recv, bytes);
+  }
+#endif
   dtl__mpi_call k = {.fn = "dtl_reduce"};
   if (c->rank == root) dtl__mpi_avg_after(&k, op, recv, count, t, c->size);
-  return dtl__mpi_issued(&k, MPI_Reduce(s, recv, n, dtl__mpi_type(t), dtl__mpi_op(c, t, op), root, dtl__mpi_of(c)->comm));
+  dtl_status st =
+      dtl__mpi_issued(&k, MPI_Reduce(s, recv, n, dtl__mpi_type(t), dtl__mpi_op(c, t, op), root, dtl__mpi_of(c)->comm));
+  dtl__free(copy);
+  return st;
 }
 
 static dtl_status mpi_all_gather_call(dtl_comm *c, const void *send, void *recv, size_t send_count, dtl_dtype t,

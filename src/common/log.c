@@ -20,6 +20,18 @@ static struct {
 } dtl__log_cfg;
 static pthread_once_t dtl__log_once = PTHREAD_ONCE_INIT;
 
+/* The world rank as the launcher published it, before MPI_Init and without MPI: OpenMPI's mpirun, then PMIx
+ * (OpenMPI 5, Slurm), then PMI (MPICH's hydra, Intel MPI). MPICH's MPI_LOCALRANKID is the rank within the
+ * node, not the world, so it is not used. */
+static const char *dtl__launcher_rank(void) {
+  static const char *const vars[] = {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"};
+  for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+    const char *v = getenv(vars[i]);
+    if (v && *v) return v;
+  }
+  return "-";
+}
+
 static void dtl__log_init(void) {
   const char *lv = getenv("DTL_LOG");
   static const char *names[] = {"error", "warn", "info", "debug"};
@@ -31,8 +43,7 @@ static void dtl__log_init(void) {
   snprintf(dtl__log_cfg.subsys, sizeof dtl__log_cfg.subsys, "%s", ss ? ss : "");
   char host[64] = "?";
   gethostname(host, sizeof host - 1);
-  const char *rank = getenv("OMPI_COMM_WORLD_RANK");
-  snprintf(dtl__log_cfg.prefix, sizeof dtl__log_cfg.prefix, "%s:%d:%s", host, (int)getpid(), rank ? rank : "-");
+  snprintf(dtl__log_cfg.prefix, sizeof dtl__log_cfg.prefix, "%s:%d:%s", host, (int)getpid(), dtl__launcher_rank());
   dtl__log_cfg.file = stderr;
   const char *path = getenv("DTL_LOG_FILE");
   if (path && *path) {

@@ -182,3 +182,14 @@ bool dtl__layout_equal(const dtl_layout *a, const dtl_layout *b) {
   }
   return true;
 }
+
+bool dtl__layout_holds_identity(const dtl_layout *l, const int *coord, dtl_reduce_op *op) {
+  for (int md = 0; md < l->mesh->ndim; md++) {
+    dtl_placement p = l->placements[md];
+    if (p.kind == DTL_PARTIAL && (p.op == DTL_SUM || p.op == DTL_PROD) && coord[md] != 0) {
+      if (op) *op = p.op;
+      return true;
+    }
+  }
+  return false;
+}

@@ -45,5 +45,10 @@ void dtl__local_box(const dtl_mesh *m, int ndim, const int64_t *shape, const dtl
 /* Hash and equality of (mesh, dtype, shape, placements), for plan caches and DTL_CHECK fingerprints. */
 uint64_t dtl__layout_hash(const dtl_layout *l);
 bool dtl__layout_equal(const dtl_layout *a, const dtl_layout *b);
+/* Whether the rank at coord holds the identity instead of the value when a dense tensor is placed on l
+ * (dtl_distribute, dtl_safetensors_read): some Partial(sum|prod) mesh dim has a coordinate other than 0 (the
+ * lowest such dim's op names the identity, written to op when op is not NULL); max, min and avg keep the
+ * value everywhere. */
+bool dtl__layout_holds_identity(const dtl_layout *l, const int *coord, dtl_reduce_op *op);
 
 #endif

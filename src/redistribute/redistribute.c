@@ -268,19 +268,6 @@ dtl_status dtl_full_tensor(const dtl_layout *l, const void *local, void *dense) 
   return st == DTL_OK ? st : dtl__error_prefix(st, "dtl_full_tensor");
 }
 
-/* Whether the rank at coord holds the identity instead of the value: some Partial(sum|prod) mesh dim has a
- * coordinate other than 0 (the lowest such dim's op names the identity). */
-static bool dtl__holds_identity(const dtl_layout *l, const int *coord, dtl_reduce_op *op) {
-  for (int md = 0; md < l->mesh->ndim; md++) {
-    dtl_placement p = l->placements[md];
-    if (p.kind == DTL_PARTIAL && (p.op == DTL_SUM || p.op == DTL_PROD) && coord[md] != 0) {
-      if (op) *op = p.op;
-      return true;
-    }
-  }
-  return false;
-}
-
 /* Root packs every other rank's box (ranks that will hold an identity get nothing) and one all-to-all-v
  * moves them, so each rank receives exactly its shard; root's own shard is a local box copy. Root
  * allocates the packed boxes of the other ranks (more than the tensor when the layout replicates). */
@@ -313,7 +300,7 @@ dtl_status dtl_distribute(const dtl_layout *l, const void *dense_on_root, int ro
   size_t total = 0, packed = 0;
   for (int r = 0; r < n; r++) {
     dtl_mesh_coord_of(m, r, coord);
-    if (r == root || dtl__holds_identity(l, coord, NULL)) continue;
+    if (r == root || dtl__layout_holds_identity(l, coord, NULL)) continue;
     dtl__local_box(m, l->ndim, l->shape, l->placements, coord, bs, bo);
     size_t cnt = 1;
     for (int d = 0; d < l->ndim; d++) cnt *= (size_t)bs[d];
@@ -341,7 +328,7 @@ dtl_status dtl_distribute(const dtl_layout *l, const void *dense_on_root, int ro
   }
   if (total) DTL_TRY_GOTO(c->ops->all_to_allv(c, pack, send, local, recv, l->dtype), st, done);
   dtl_reduce_op op = DTL_SUM;
-  if (dtl__holds_identity(l, m->coord, &op)) {
+  if (dtl__layout_holds_identity(l, m->coord, &op)) {
     DTL_TRY_GOTO(dtl__mem_fill_identity(&c->mem, local, l->local_count, l->dtype, op), st, done);
   } else if (me == root && l->local_count) {
     dtl__box_copy b = {.ndim = l->ndim, .elem_size = es};

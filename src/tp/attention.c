@@ -25,7 +25,7 @@ dtl_status dtl_tp_attention_create(dtl_tp_context *ctx, const dtl_tp_attention_p
   DTL_CHECK_ARG(p != NULL, fn, "params=NULL");
   DTL_CHECK_ARG(out != NULL, fn, "out=NULL");
   DTL_TRY(dtl__tp_check_bits(fn, "params", p->mask, DTL__BITS(DTL_TP_SCALE), p->flags,
-                             DTL__BITS(DTL_TP_SEQUENCE_PARALLEL)));
+                             DTL__BITS(DTL_TP_SEQUENCE_PARALLEL, DTL_TP_SHARDED_WEIGHTS)));
   DTL_CHECK_ARG(p->hidden >= 1 && p->head_dim >= 1, fn, "hidden=%lld head_dim=%lld (expected >= 1)",
                 (long long)p->hidden, (long long)p->head_dim);
   dtl_tp_range q, kv;
@@ -54,8 +54,9 @@ dtl_status dtl_tp_attention_create(dtl_tp_context *ctx, const dtl_tp_attention_p
   dtl_status st;
   DTL_TRY_GOTO(dtl__tp_qkv_rows(ctx, fn, p->q_heads, p->kv_heads, D, rows), st, fail);
   dtl__tp_rows all = {0, p->hidden};
-  DTL_TRY_GOTO(dtl__tp_proj_init(ctx, fn, &a->qkv, p->qkv, p->hidden, rows, 3, 0, p->hidden, p->qkv_bias), st, fail);
-  DTL_TRY_GOTO(dtl__tp_proj_init(ctx, fn, &a->out, p->out, p->q_heads * D, &all, 1, q.offset * D, q.count * D,
+  bool sharded = (p->flags & DTL_TP_SHARDED_WEIGHTS) != 0;
+  DTL_TRY_GOTO(dtl__tp_proj_init(ctx, fn, &a->qkv, sharded, p->qkv, p->hidden, rows, 3, 0, p->hidden, p->qkv_bias), st, fail);
+  DTL_TRY_GOTO(dtl__tp_proj_init(ctx, fn, &a->out, sharded, p->out, p->q_heads * D, &all, 1, q.offset * D, q.count * D,
                                  p->out_bias), st, fail);
   *out = a;
   return DTL_OK;

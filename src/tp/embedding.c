@@ -23,7 +23,8 @@ dtl_status dtl_tp_embedding_create(dtl_tp_context *ctx, const dtl_tp_embedding_p
   DTL_CHECK_ARG(ctx != NULL, fn, "ctx=NULL");
   DTL_CHECK_ARG(p != NULL, fn, "params=NULL");
   DTL_CHECK_ARG(out != NULL, fn, "out=NULL");
-  DTL_TRY(dtl__tp_check_bits(fn, "params", p->mask, DTL__NO_BITS, p->flags, DTL__BITS(DTL_TP_SEQUENCE_PARALLEL)));
+  DTL_TRY(dtl__tp_check_bits(fn, "params", p->mask, DTL__NO_BITS, p->flags,
+                             DTL__BITS(DTL_TP_SEQUENCE_PARALLEL, DTL_TP_SHARDED_WEIGHTS)));
   DTL_CHECK_ARG(p->vocab >= 1 && p->hidden >= 1, fn, "vocab=%lld hidden=%lld (expected >= 1)", (long long)p->vocab,
                 (long long)p->hidden);
   DTL_CHECK_ARG(p->table != NULL, fn, "table=NULL (the dense [vocab, hidden] table is required)");
@@ -39,9 +40,12 @@ dtl_status dtl_tp_embedding_create(dtl_tp_context *ctx, const dtl_tp_embedding_p
   e->rows = dtl__tp_chunk(ctx, p->vocab, ctx->rank);
   size_t bytes = (size_t)(e->rows.count * e->hidden) * ctx->elem;
   dtl_status st;
-  dtl__tp_rows r = {e->rows.offset, e->rows.count};
+  /* With DTL_TP_SHARDED_WEIGHTS the table holds only this rank's rows: copy them whole. */
+  bool sharded = (p->flags & DTL_TP_SHARDED_WEIGHTS) != 0;
+  dtl__tp_rows r = {sharded ? 0 : e->rows.offset, e->rows.count};
   DTL_TRY_GOTO(dtl__mem_alloc(&ctx->comm->mem, bytes ? bytes : 1, &e->table), st, fail);
-  DTL_TRY_GOTO(dtl__tp_pack_rows(ctx, p->table, p->vocab, p->hidden, &r, 1, 0, p->hidden, e->table), st, fail);
+  DTL_TRY_GOTO(dtl__tp_pack_rows(ctx, p->table, sharded ? e->rows.count : p->vocab, p->hidden, &r, 1, 0, p->hidden,
+                                 e->table), st, fail);
   *out = e;
   return DTL_OK;
 fail:

@@ -27,7 +27,7 @@ dtl_status dtl_tp_linear_create(dtl_tp_context *ctx, const dtl_tp_linear_params 
   DTL_CHECK_ARG(p != NULL, fn, "params=NULL");
   DTL_CHECK_ARG(out != NULL, fn, "out=NULL");
   DTL_TRY(dtl__tp_check_bits(fn, "params", p->mask, DTL__NO_BITS, p->flags,
-                             DTL__BITS(DTL_TP_SEQUENCE_PARALLEL, DTL_TP_GATHER_OUTPUT)));
+                             DTL__BITS(DTL_TP_SEQUENCE_PARALLEL, DTL_TP_GATHER_OUTPUT, DTL_TP_SHARDED_WEIGHTS)));
   DTL_CHECK_ARG(p->kind == DTL_TP_COLUMN || p->kind == DTL_TP_ROW, fn, "kind=%d (expected DTL_TP_COLUMN or DTL_TP_ROW)",
                 (int)p->kind);
   DTL_CHECK_ARG(p->in_features >= 0 && p->out_features >= 0, fn, "in_features=%lld out_features=%lld (expected >= 0)",
@@ -48,14 +48,15 @@ dtl_status dtl_tp_linear_create(dtl_tp_context *ctx, const dtl_tp_linear_params 
   l->in = p->in_features;
   l->out = p->out_features;
   dtl_status st;
+  bool sharded = (p->flags & DTL_TP_SHARDED_WEIGHTS) != 0;
   if (p->kind == DTL_TP_COLUMN) {
     dtl_tp_range r = dtl__tp_chunk(ctx, l->out, ctx->rank);
     dtl__tp_rows rows = {r.offset, r.count};
-    DTL_TRY_GOTO(dtl__tp_proj_init(ctx, fn, &l->proj, p->weight, l->in, &rows, 1, 0, l->in, p->bias), st, fail);
+    DTL_TRY_GOTO(dtl__tp_proj_init(ctx, fn, &l->proj, sharded, p->weight, l->in, &rows, 1, 0, l->in, p->bias), st, fail);
   } else {
     dtl_tp_range c = dtl__tp_chunk(ctx, l->in, ctx->rank);
     dtl__tp_rows rows = {0, l->out};
-    DTL_TRY_GOTO(dtl__tp_proj_init(ctx, fn, &l->proj, p->weight, l->in, &rows, 1, c.offset, c.count, p->bias), st,
+    DTL_TRY_GOTO(dtl__tp_proj_init(ctx, fn, &l->proj, sharded, p->weight, l->in, &rows, 1, c.offset, c.count, p->bias), st,
                  fail);
   }
   *out = l;

@@ -23,7 +23,8 @@ dtl_status dtl_tp_mlp_create(dtl_tp_context *ctx, const dtl_tp_mlp_params *p, dt
   DTL_CHECK_ARG(ctx != NULL, fn, "ctx=NULL");
   DTL_CHECK_ARG(p != NULL, fn, "params=NULL");
   DTL_CHECK_ARG(out != NULL, fn, "out=NULL");
-  DTL_TRY(dtl__tp_check_bits(fn, "params", p->mask, DTL__NO_BITS, p->flags, DTL__BITS(DTL_TP_SEQUENCE_PARALLEL)));
+  DTL_TRY(dtl__tp_check_bits(fn, "params", p->mask, DTL__NO_BITS, p->flags,
+                             DTL__BITS(DTL_TP_SEQUENCE_PARALLEL, DTL_TP_SHARDED_WEIGHTS)));
   DTL_CHECK_ARG(p->activation == DTL_TP_ACT_SILU_GATED || p->activation == DTL_TP_ACT_GELU, fn,
                 "activation=%d (expected DTL_TP_ACT_SILU_GATED or DTL_TP_ACT_GELU)", (int)p->activation);
   DTL_CHECK_ARG(p->hidden >= 1 && p->ffn >= 1, fn, "hidden=%lld ffn=%lld (expected >= 1)", (long long)p->hidden,
@@ -48,9 +49,10 @@ dtl_status dtl_tp_mlp_create(dtl_tp_context *ctx, const dtl_tp_mlp_params *p, dt
   dtl__tp_rows rows[2] = {{f.offset, f.count}, {p->ffn + f.offset, f.count}};
   dtl__tp_rows all = {0, p->hidden};
   dtl_status st;
-  DTL_TRY_GOTO(dtl__tp_proj_init(ctx, fn, &m->gate_up, p->gate_up, p->hidden, rows, gated ? 2 : 1, 0, p->hidden,
+  bool sharded = (p->flags & DTL_TP_SHARDED_WEIGHTS) != 0;
+  DTL_TRY_GOTO(dtl__tp_proj_init(ctx, fn, &m->gate_up, sharded, p->gate_up, p->hidden, rows, gated ? 2 : 1, 0, p->hidden,
                                  p->gate_up_bias), st, fail);
-  DTL_TRY_GOTO(dtl__tp_proj_init(ctx, fn, &m->down, p->down, p->ffn, &all, 1, f.offset, f.count, p->down_bias), st,
+  DTL_TRY_GOTO(dtl__tp_proj_init(ctx, fn, &m->down, sharded, p->down, p->ffn, &all, 1, f.offset, f.count, p->down_bias), st,
                fail);
   *out = m;
   return DTL_OK;

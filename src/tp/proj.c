@@ -1,15 +1,24 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* One local projection of a TP layer: this rank's weight shard (and bias) copied out of the dense
- * checkpoint, and Y = X W^T + b through the context's GEMM. Column- and row-parallel layers, the fused QKV
+ * weight (or copied whole when the caller passes the shard), and Y = X W^T + b through the context's GEMM. Column- and row-parallel layers, the fused QKV
  * and gate/up projections and the LM head all run through here. Purely local: the collectives are
  * comm_half.c's. */
 #include <string.h>
 #include "compute/bias.h"
 #include "tp/tp_internal.h"
 
-dtl_status dtl__tp_proj_init(dtl_tp_context *ctx, const char *fn, dtl__tp_proj *p, const void *w, int64_t in,
-                             const dtl__tp_rows *ranges, int nranges, int64_t col_off, int64_t cols, const void *bias) {
+dtl_status dtl__tp_proj_init(dtl_tp_context *ctx, const char *fn, dtl__tp_proj *p, bool sharded, const void *w,
+                             int64_t in, const dtl__tp_rows *ranges, int nranges, int64_t col_off, int64_t cols,
+                             const void *bias) {
   memset(p, 0, sizeof *p);
+  dtl__tp_rows whole = {0, 0};
+  if (sharded) { /* w is already [rows, cols] and bias [rows]: copied whole */
+    for (int i = 0; i < nranges; i++) whole.rows += ranges[i].rows;
+    ranges = &whole;
+    nranges = 1;
+    in = cols;
+    col_off = 0;
+  }
   int64_t rows = 0, src_rows = 0;
   for (int i = 0; i < nranges; i++) {
     rows += ranges[i].rows;

@@ -78,9 +78,11 @@ typedef struct {
   void *w, *bias;
 } dtl__tp_proj;
 /* Builds a projection from a dense source: the listed row ranges of w [*, in] restricted to the columns
- * [col_off, col_off + cols), and the same row ranges of bias (NULL = none). */
-dtl_status dtl__tp_proj_init(dtl_tp_context *ctx, const char *fn, dtl__tp_proj *p, const void *w, int64_t in,
-                             const dtl__tp_rows *ranges, int nranges, int64_t col_off, int64_t cols, const void *bias);
+ * [col_off, col_off + cols), and the same row ranges of bias (NULL = none). sharded (DTL_TP_SHARDED_WEIGHTS):
+ * w is that shard already, [sum of the ranges' rows, cols], and bias its [rows]. */
+dtl_status dtl__tp_proj_init(dtl_tp_context *ctx, const char *fn, dtl__tp_proj *p, bool sharded, const void *w,
+                             int64_t in, const dtl__tp_rows *ranges, int nranges, int64_t col_off, int64_t cols,
+                             const void *bias);
 void dtl__tp_proj_fini(dtl_tp_context *ctx, dtl__tp_proj *p);
 /* y[T, rows] (leading dim ldy) = x[T, cols] (leading dim ldx) * w^T (+ bias when with_bias). */
 dtl_status dtl__tp_proj_apply(dtl_tp_context *ctx, const dtl__tp_proj *p, bool with_bias, int64_t tokens, const void *x,

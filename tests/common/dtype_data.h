@@ -60,4 +60,32 @@ static inline float *t_rand_reals(size_t n, float r, dtl_dtype t) {
   return p;
 }
 
+/* Element i of an array of any dtype, written from and read as a double (integer-valued data in the range
+ * of the dtype is exact in all of them). */
+static inline void t_put(dtl_dtype t, void *p, size_t i, double v) {
+  switch (t) {
+    case DTL_FLOAT32: ((float *)p)[i] = (float)v; break;
+    case DTL_FLOAT64: ((double *)p)[i] = v; break;
+    case DTL_FLOAT16: ((uint16_t *)p)[i] = dtl__f32_to_f16((float)v); break;
+    case DTL_BFLOAT16: ((uint16_t *)p)[i] = dtl__f32_to_bf16((float)v); break;
+    case DTL_INT8: ((int8_t *)p)[i] = (int8_t)v; break;
+    case DTL_UINT8: ((uint8_t *)p)[i] = (uint8_t)v; break;
+    case DTL_INT32: ((int32_t *)p)[i] = (int32_t)v; break;
+    case DTL_INT64: ((int64_t *)p)[i] = (int64_t)v; break;
+  }
+}
+static inline double t_get(dtl_dtype t, const void *p, size_t i) {
+  switch (t) {
+    case DTL_FLOAT32: return ((const float *)p)[i];
+    case DTL_FLOAT64: return ((const double *)p)[i];
+    case DTL_FLOAT16: return dtl__f16_to_f32(((const uint16_t *)p)[i]);
+    case DTL_BFLOAT16: return dtl__bf16_to_f32(((const uint16_t *)p)[i]);
+    case DTL_INT8: return ((const int8_t *)p)[i];
+    case DTL_UINT8: return ((const uint8_t *)p)[i];
+    case DTL_INT32: return ((const int32_t *)p)[i];
+    case DTL_INT64: return (double)((const int64_t *)p)[i];
+  }
+  return 0;
+}
+
 #endif

@@ -163,14 +163,15 @@ static void unknown_or_misplaced_mask_and_flags_bits_are_rejected_naming_the_fie
   CHECK_ERROR(dtl_tp_linear_create(E.ctx, &lp, &l), DTL_ERR_INVALID_ARGUMENT,
               "dtl_tp_linear_create: params.mask=0x1 has unknown bits 0x1 (none are defined)");
   lp.mask = 0;
-  lp.flags = DTL_TP_GATHER_OUTPUT | DTL_BIT(4);
+  lp.flags = DTL_TP_GATHER_OUTPUT | DTL_BIT(5);
   CHECK_ERROR(dtl_tp_linear_create(E.ctx, &lp, &l), DTL_ERR_INVALID_ARGUMENT,
-              "params.flags=0x12 has unknown bits 0x10 (known: DTL_TP_SEQUENCE_PARALLEL, DTL_TP_GATHER_OUTPUT)");
+              "params.flags=0x22 has unknown bits 0x20 (known: DTL_TP_SEQUENCE_PARALLEL, DTL_TP_GATHER_OUTPUT, "
+              "DTL_TP_SHARDED_WEIGHTS)");
   dtl_tp_mlp *m = NULL;
-  dtl_tp_mlp_params mp = {.flags = DTL_BIT(4), .activation = DTL_TP_ACT_GELU, .hidden = 2, .ffn = 2, .gate_up = w,
+  dtl_tp_mlp_params mp = {.flags = DTL_BIT(5), .activation = DTL_TP_ACT_GELU, .hidden = 2, .ffn = 2, .gate_up = w,
                           .down = w};
   CHECK_ERROR(dtl_tp_mlp_create(E.ctx, &mp, &m), DTL_ERR_INVALID_ARGUMENT,
-              "dtl_tp_mlp_create: params.flags=0x10 has unknown bits 0x10");
+              "dtl_tp_mlp_create: params.flags=0x20 has unknown bits 0x20");
   mp.flags = DTL_TP_GATHER_OUTPUT; /* a bit another struct defines */
   CHECK_ERROR(dtl_tp_mlp_create(E.ctx, &mp, &m), DTL_ERR_INVALID_ARGUMENT, "params.flags=0x2 has unknown bits 0x2");
   dtl_tp_attention *a = NULL;

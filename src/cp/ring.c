@@ -24,39 +24,57 @@ static void dtl__cp_progress(void *arg) {
   p->comm_seconds += dtl__cp_now() - t0;
 }
 
-/* Attends this rank's query segments to the key segments of block src (k, v: its rows, packed with row
- * stride kvw), merging into the accumulator (acc [n, qw] f32, acc_lse [n, qh]). */
+/* Query segment i against tk keys of the block from row krow (positions from kpos0; masked: by the causal
+ * mask, else every key visible), into the accumulator (acc [n, qw] f32, acc_lse [n, qh]) directly the first
+ * time, else into the partial result merged into it by lse. */
+static dtl_status dtl__cp_ring_attend(dtl_cp_context *ctx, const dtl__cp_args *a, int i, const void *q, const void *k,
+                                     const void *v, int64_t krow, int64_t tk, int64_t kpos0, bool masked,
+                                     bool *filled, dtl__cp_poll *poll) {
+  const dtl__cp_seg *qs = &a->seg[i];
+  float *acc = (float *)ctx->ws[DTL__CP_WS_ACC] + qs->row * a->qw, *acc_lse = (float *)ctx->ws[DTL__CP_WS_LSE] + qs->row * a->qh;
+  float *part = ctx->ws[DTL__CP_WS_PART], *part_lse = ctx->ws[DTL__CP_WS_LSE2];
+  size_t e = ctx->elem;
+  dtl__attn_shape s = {.tq = qs->count, .tk = tk, .qn = a->qh, .kn = a->kvh, .head_dim = a->D, .group = a->group,
+                       .ldq = a->qw, .ldk = a->kvw, .ldv = a->kvw, .ldo = a->qw, .q_pos0 = qs->pos, .k_pos0 = kpos0,
+                       .causal = masked, .scale = a->scale, .out_f32 = true,
+                       .progress = poll->req ? dtl__cp_progress : NULL, .progress_arg = poll};
+  DTL_TRY(dtl__cp_attend(ctx, &s, (const char *)q + (size_t)(qs->row * a->qw) * e,
+                         (const char *)k + (size_t)(krow * a->kvw) * e, (const char *)v + (size_t)(krow * a->kvw) * e,
+                         filled[i] ? part : acc, filled[i] ? part_lse : acc_lse, ctx->ws[DTL__CP_WS_CORE],
+                         ctx->ws_bytes[DTL__CP_WS_CORE]));
+  if (filled[i]) DTL_TRY(dtl__cp_merge(ctx, DTL_FLOAT32, qs->count, a->qh, a->D, acc, a->qw, acc_lse, part, a->qw, part_lse));
+  filled[i] = true;
+  return DTL_OK;
+}
+
+/* This rank's query segments against the key segments of block src (k, v: its rows, packed with row stride
+ * kvw). Per query segment, a key segment wholly in its future is skipped, one that straddles it is attended
+ * with the causal mask, and a run of key segments wholly in its past (every one without the mask) is attended
+ * in one call: the block's segments are consecutive rows. */
 static dtl_status dtl__cp_ring_block(dtl_cp_context *ctx, const dtl__cp_args *a, int src, const void *q, const void *k,
                                      const void *v, bool *filled, dtl__cp_poll *poll) {
   dtl__cp_seg ks[2];
   int64_t nsrc;
   int nk = dtl__cp_segments(a->layout, a->T, ctx->size, src, ks, &nsrc);
-  float *acc = ctx->ws[DTL__CP_WS_ACC], *acc_lse = ctx->ws[DTL__CP_WS_LSE];
-  float *part = ctx->ws[DTL__CP_WS_PART], *part_lse = ctx->ws[DTL__CP_WS_LSE2];
-  size_t e = ctx->elem;
-  for (int i = 0; i < a->nseg; i++)
+  for (int i = 0; i < a->nseg; i++) {
+    const dtl__cp_seg *qs = &a->seg[i];
+    int kind[2]; /* 0 skipped, 1 masked, 2 visible */
     for (int j = 0; j < nk; j++) {
-      const dtl__cp_seg *qs = &a->seg[i], *kj = &ks[j];
-      bool future = kj->pos > qs->pos + qs->count - 1, past = kj->pos + kj->count - 1 <= qs->pos;
-      if (a->causal && future) {
+      bool future = ks[j].pos > qs->pos + qs->count - 1, past = ks[j].pos + ks[j].count - 1 <= qs->pos;
+      kind[j] = !a->causal || past ? 2 : future ? 0 : 1;
+    }
+    for (int j = 0, j1; j < nk; j = j1) {
+      j1 = j + 1;
+      if (kind[j] == 0) {
         ctx->stats.pairs_skipped++;
         continue;
       }
-      dtl__attn_shape s = {.tq = qs->count, .tk = kj->count, .qn = a->qh, .kn = a->kvh, .head_dim = a->D,
-                           .group = a->group, .ldq = a->qw, .ldk = a->kvw, .ldv = a->kvw, .ldo = a->qw,
-                           .q_pos0 = qs->pos, .k_pos0 = kj->pos, .causal = a->causal && !past, .scale = a->scale,
-                           .out_f32 = true, .progress = poll->req ? dtl__cp_progress : NULL, .progress_arg = poll};
-      float *o = filled[i] ? part : acc + qs->row * a->qw, *l = filled[i] ? part_lse : acc_lse + qs->row * a->qh;
-      DTL_TRY(dtl__cp_attend(ctx, &s, (const char *)q + (size_t)(qs->row * a->qw) * e,
-                             (const char *)k + (size_t)(kj->row * a->kvw) * e,
-                             (const char *)v + (size_t)(kj->row * a->kvw) * e, o, l, ctx->ws[DTL__CP_WS_CORE],
-                             ctx->ws_bytes[DTL__CP_WS_CORE]));
-      if (filled[i])
-        DTL_TRY(dtl__cp_merge(ctx, DTL_FLOAT32, qs->count, a->qh, a->D, acc + qs->row * a->qw, a->qw,
-                              acc_lse + qs->row * a->qh, part, a->qw, part_lse));
-      filled[i] = true;
-      ctx->stats.pairs_computed++;
+      while (kind[j] == 2 && j1 < nk && kind[j1] == 2) j1++;
+      int64_t tk = ks[j1 - 1].row + ks[j1 - 1].count - ks[j].row;
+      DTL_TRY(dtl__cp_ring_attend(ctx, a, i, q, k, v, ks[j].row, tk, ks[j].pos, kind[j] == 1, filled, poll));
+      ctx->stats.pairs_computed += j1 - j;
     }
+  }
   return DTL_OK;
 }
 
@@ -75,8 +93,8 @@ dtl_status dtl_cp_ring_attention(dtl_cp_context *ctx, const dtl_cp_attention_par
     nmax = nj > nmax ? nj : nmax;
   }
   /* Everything before the first transfer: the two block buffers, accumulator, partial result, core scratch
-   * (the largest pair: the longest segment against the longest). */
-  dtl__attn_shape big = {.tq = cmax, .tk = cmax, .qn = a.qh, .kn = a.kvh, .head_dim = a.D, .group = a.group,
+   * (the largest call: the longest segment against a whole block). */
+  dtl__attn_shape big = {.tq = cmax, .tk = nmax, .qn = a.qh, .kn = a.kvh, .head_dim = a.D, .group = a.group,
                          .ldq = a.qw, .ldk = a.kvw, .ldv = a.kvw, .ldo = a.qw, .causal = a.causal, .scale = a.scale,
                          .out_f32 = true};
   size_t block = P > 1 ? (size_t)(2 * nmax * a.kvw) * ctx->elem : 0;

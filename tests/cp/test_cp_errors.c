@@ -4,6 +4,7 @@
  * outputs untouched. Heads that do not split over the group are named with the numbers of the TP rule. */
 #include <math.h>
 #include "dtl_test.h"
+#include "common/alloc.h"
 
 static dtl_comm *world;
 static dtl_mesh *mesh;
@@ -165,6 +166,43 @@ static void state_reduce_rejects_a_layout_it_cannot_produce_and_missing_states(v
               "t=i8");
 }
 
+/* Every allocation a call makes, failed in turn on every rank alike: the call returns DTL_ERR_OUT_OF_MEMORY
+ * (its scratch is acquired before any communication, so every rank fails at the same point) with its outputs
+ * untouched, and the context still works afterwards. */
+static void allocation_failures_are_reported_before_any_output_is_written(void) {
+  const prefill_fn fns[2] = {dtl_cp_ring_attention, dtl_cp_ulysses_attention};
+  dtl_cp_attention_params p = good();
+  p.q_heads = 2 * dt_size, p.kv_heads = dt_size; /* heads that split over the group */
+  int ooms = 0;
+  for (int f = 0; f < 2; f++)
+    for (uint64_t n = 1; n <= 12; n++) {
+      dtl_cp_context *c = NULL;
+      REQUIRE_OK(dtl_cp_context_create(mesh, 0, NULL, &c));
+      poison_outputs();
+      dtl__alloc_hook_reset(n, true);
+      dtl_status st = fns[f](c, &p, q, k, v, out, lse);
+      dtl__alloc_hook_reset(0, false);
+      CHECK(st == DTL_OK || st == DTL_ERR_OUT_OF_MEMORY, "allocation %llu failed: %s", (unsigned long long)n,
+            dtl_status_name(st));
+      if (st == DTL_ERR_OUT_OF_MEMORY) {
+        ooms++;
+        CHECK_UNTOUCHED("a call out of memory");
+        CHECK_OK(fns[f](c, &p, q, k, v, out, lse));
+      }
+      dtl_cp_context_destroy(c);
+    }
+  CHECK(ooms >= 14, "only %d of 24 calls met a failed allocation (the scratch slots alone are 7 and 8)", ooms);
+  for (uint64_t n = 1; n <= 6; n++) {
+    dtl_cp_context *c = NULL;
+    dtl__alloc_hook_reset(n, true);
+    dtl_status st = dtl_cp_context_create(mesh, 0, NULL, &c);
+    dtl__alloc_hook_reset(0, false);
+    CHECK(st == DTL_OK ? c != NULL : st == DTL_ERR_OUT_OF_MEMORY && c == NULL, "context creation, allocation %llu: %s",
+          (unsigned long long)n, dtl_status_name(st));
+    dtl_cp_context_destroy(c);
+  }
+}
+
 int main(int argc, char **argv) {
   dt_init(&argc, &argv);
   REQUIRE_OK(dtl_comm_from_mpi(MPI_COMM_WORLD, &world));
@@ -178,6 +216,7 @@ int main(int argc, char **argv) {
   RUN(host_attention_in_half_types_is_unsupported);
   RUN(decode_rejects_bad_params_leaving_outputs_untouched);
   RUN(state_reduce_rejects_a_layout_it_cannot_produce_and_missing_states);
+  RUN(allocation_failures_are_reported_before_any_output_is_written);
   dtl_cp_context_destroy(ctx);
   dtl_mesh_destroy(mesh);
   dtl_comm_destroy(world);

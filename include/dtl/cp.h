@@ -9,9 +9,9 @@
  * e^(lse_b - lse) o_b, an empty side weighing exactly nothing.
  *
  * Three ways to run attention over a sequence split by tokens (S(0)) over the CP group:
- *   ring      dtl_cp_ring_attention: K/V blocks travel around the ring (p - 1 nonblocking send/recv steps,
- *             each overlapped with the attention on the block in hand) and the partial results merge by lse.
- *             Any head count; moves 2 T kv_heads D elements per rank per call.
+ *   ring      dtl_cp_ring_attention: K/V blocks travel around the ring (p - 1 send/recv steps, on MPI each
+ *             overlapped with the attention on the block in hand) and the partial results merge by lse.
+ *             Any head count; each rank receives 2 (p-1)/p T kv_heads D elements per call.
  *   all-to-all dtl_cp_ulysses_attention (DeepSpeed-Ulysses): one all-to-all turns token shards into head
  *             shards, each rank attends its heads over the whole sequence, one all-to-all turns them back.
  *             Needs heads that split over the group (the TP head rule, dtl_cp_ulysses_heads).
@@ -28,8 +28,9 @@
  * device memory for NCCL, the device current on the calling thread). On the host attention computes in f32
  * (OpenBLAS); on a device in f32, f16 or bf16 with f32 scores, softmax, lse and accumulation (partial results
  * are merged in f32 and rounded once on store), enqueued on the communicator's stream (the call returns
- * before the work is done). A context owns grow-only scratch, so repeated calls of the same shapes allocate
- * nothing after the first; like everything built on a communicator it is used by one thread at a time, and
+ * before the work is done). A context owns grow-only scratch, so repeated calls of the same shapes acquire no
+ * memory of their own after the first (the MPI transport still allocates its requests and count arrays per
+ * call); like everything built on a communicator it is used by one thread at a time, and
  * every rank of the CP group makes the same calls in the same order with the same global shapes.
  * Failures return a status and a message naming the argument; arguments are checked and all memory acquired
  * before any output is written or any communication starts. */
@@ -174,10 +175,10 @@ DTL_API dtl_status dtl_cp_decode_attention(dtl_cp_context *ctx, const dtl_cp_dec
 /* The collective merge: every rank holds a state (o [T, H, D] of the context's dtype, lse [T, H]) over its own
  * keys for the same T x H rows; out gets their merge. One dtl_all_gather of lse, a local rescale of o by
  * e^(lse_rank - lse_merged), then one reduction of o: out_placement R = dtl_all_reduce (out [T, H, D] on every
- * rank) or S(0) = dtl_reduce_scatterv over tokens (out gets this rank's chunk(T, p, rank) rows). out_lse
- * (an optional output, rows as out) gets the merged lse. o and lse are read before out and out_lse are
- * written, so out may be o and out_lse may be lse. The
- * sum runs in the dtype (f16/bf16 reductions round at the engine's steps). */
+ * rank) or S(0) = dtl_reduce_scatterv over tokens (out gets this rank's chunk(T, p, rank) rows). out_lse (an
+ * optional output, rows as out) gets the merged lse. o and lse are read before out and out_lse are written,
+ * so out may be o and out_lse may be lse. The sum runs in the dtype (f16/bf16 reductions round at the
+ * engine's steps). */
 DTL_API dtl_status dtl_cp_state_reduce(dtl_cp_context *ctx, int64_t T, int64_t H, int64_t D, const void *o,
                                        const float *lse, dtl_placement out_placement, void *out, float *out_lse);
 

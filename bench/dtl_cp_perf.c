@@ -235,7 +235,8 @@ int main(int argc, char **argv) {
            "memcpy(us)", "GB/s", "ratio");
   for (int ti = 0; ti < nT; ti++) {
     int64_t T = Ts[ti], states = T * heads, n = states * D;
-    merge_arg m = {n, states, bench_uniform(4, (size_t)n, 1.0f), bench_uniform(5, (size_t)states, 2.0f), bench_uniform(6, (size_t)n, 1.0f),
+    merge_arg m = {n, states, bench_uniform(4, (size_t)n, 1.0f), bench_uniform(5, (size_t)states, 2.0f),
+                   bench_uniform(6, (size_t)n, 1.0f),
                    bench_uniform(7, (size_t)states, 2.0f), bench_uniform(8, (size_t)n * 3 / 2, 1.0f),
                    malloc(sizeof(float) * (size_t)n * 3 / 2 + 4), 0};
     double bytes = 3.0 * (double)n * 4 + 3.0 * (double)states * 4;

@@ -81,7 +81,8 @@ static int merge_by_hand(void) {
   }
   float den = expf(1) + expf(0) + expf(2), full[2] = {(expf(1) + expf(2)) / den, (expf(0) + expf(2)) / den};
   printf("   dtl_attn_state_merge: o = [%.4f, %.4f], lse = %.4f\n", o[0][0], o[0][1], lse[0]);
-  printf("   softmax over all three keys: o = [%.4f, %.4f], lse = log(%.4f) = %.4f\n", full[0], full[1], den, logf(den));
+  printf("   softmax over all three keys: o = [%.4f, %.4f], lse = log(%.4f) = %.4f\n", full[0], full[1], den,
+         logf(den));
   return fabsf(o[0][0] - full[0]) > 1e-6f || fabsf(o[0][1] - full[1]) > 1e-6f || fabsf(lse[0] - logf(den)) > 1e-6f;
 }
 
@@ -110,13 +111,15 @@ int main(int argc, char **argv) {
       dtl_cp_range x[2];
       dtl_cp_token_ranges(DTL_CP_ZIGZAG, T, p, j, x);
       printf("   rank %d holds tokens %lld-%lld and %lld-%lld\n", j, (long long)x[0].offset,
-             (long long)(x[0].offset + x[0].count - 1), (long long)x[1].offset, (long long)(x[1].offset + x[1].count - 1));
+             (long long)(x[0].offset + x[0].count - 1), (long long)x[1].offset,
+             (long long)(x[1].offset + x[1].count - 1));
     }
   }
   float *q = malloc(sizeof(float) * (size_t)(n * QW + 1)), *k = malloc(sizeof(float) * (size_t)(n * KVW + 1));
   float *v = malloc(sizeof(float) * (size_t)(n * KVW + 1)), *out = malloc(sizeof(float) * (size_t)(n * QW + 1));
   double *ref = malloc(sizeof(double) * (size_t)(n * QW + 1));
-  float *Qd = malloc(sizeof(float) * T * QW), *Kd = malloc(sizeof(float) * T * KVW), *Vd = malloc(sizeof(float) * T * KVW);
+  float *Qd = malloc(sizeof(float) * T * QW), *Kd = malloc(sizeof(float) * T * KVW);
+  float *Vd = malloc(sizeof(float) * T * KVW);
   for (int64_t t = 0; t < T; t++) {
     for (int64_t c = 0; c < QW; c++) Qd[t * QW + c] = Q(t, c);
     for (int64_t c = 0; c < KVW; c++) Kd[t * KVW + c] = K(t, c), Vd[t * KVW + c] = V(t, c);
@@ -140,11 +143,12 @@ int main(int argc, char **argv) {
   /* Decode: the cache of all T tokens split contiguously by tokens; the new query is token T - 1. */
   dtl_cp_range part[2];
   dtl_cp_token_ranges(DTL_CP_CONTIGUOUS, T, p, r, part);
-  float *kc = malloc(sizeof(float) * (size_t)(part[0].count * KVW + 1)), *vc = malloc(sizeof(float) * (size_t)(part[0].count * KVW + 1));
+  size_t cache = sizeof(float) * (size_t)(part[0].count * KVW + 1);
+  float *kc = malloc(cache), *vc = malloc(cache);
   float qlast[QW], olast[QW];
   double rlast[QW];
-  for (int64_t i = 0; i < part[0].count; i++)
-    for (int64_t c = 0; c < KVW; c++) kc[i * KVW + c] = K(part[0].offset + i, c), vc[i * KVW + c] = V(part[0].offset + i, c);
+  memcpy(kc, Kd + part[0].offset * KVW, sizeof(float) * (size_t)(part[0].count * KVW));
+  memcpy(vc, Vd + part[0].offset * KVW, sizeof(float) * (size_t)(part[0].count * KVW));
   int64_t last = T - 1;
   memcpy(qlast, Qd + last * QW, sizeof qlast);
   dense(&last, 1, Qd, Kd, Vd, rlast);

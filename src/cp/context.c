@@ -164,7 +164,9 @@ dtl_status dtl__cp_check_compute(const dtl_cp_context *ctx, const char *fn) {
 }
 
 /* --- kernels ------------------------------------------------------------------------------------------ */
-static dtl_memory dtl__cp_kernel_memory(dtl__cp_kernels k) { return k == DTL__CP_HOST ? DTL_MEMORY_HOST : DTL_MEMORY_DEVICE; }
+static dtl_memory dtl__cp_kernel_memory(dtl__cp_kernels k) {
+  return k == DTL__CP_HOST ? DTL_MEMORY_HOST : DTL_MEMORY_DEVICE;
+}
 
 size_t dtl__cp_attend_scratch(const dtl_cp_context *ctx, const dtl__attn_shape *s) {
   return dtl__attn_scratch_bytes(s, dtl__cp_kernel_memory(ctx->kernels));
@@ -217,7 +219,8 @@ dtl_status dtl__cp_rescale(dtl_cp_context *ctx, int64_t rows, int64_t H, int64_t
 #if DTL_HAVE_NCCL
     case DTL__CP_DEVICE:
       return dtl__attn_rescale_cuda(rows, H, D, src, lds, src_f32, lse, L, dst, ldd, ctx->dtype, ctx->comm->mem.stream);
-    case DTL__CP_EMULATED: return dtl__attn_rescale_emulate(rows, H, D, src, lds, src_f32, lse, L, dst, ldd, ctx->dtype);
+    case DTL__CP_EMULATED:
+      return dtl__attn_rescale_emulate(rows, H, D, src, lds, src_f32, lse, L, dst, ldd, ctx->dtype);
 #endif
     default: return dtl__attn_rescale_host(rows, H, D, src, lds, src_f32, lse, L, dst, ldd, ctx->dtype);
   }
@@ -236,7 +239,7 @@ dtl_status dtl__cp_attention_args(const dtl_cp_context *ctx, const char *fn, con
   DTL_TRY(dtl__cp_check_heads(fn, p->q_heads, p->kv_heads, p->head_dim));
   int64_t nq, nkv;
   DTL_TRY(dtl__cp_count(fn, "q", p->tokens, p->q_heads, p->head_dim, &nq));
-  DTL_TRY(dtl__cp_count(fn, "k", p->tokens, 2 * p->kv_heads, p->head_dim, &nkv));
+  DTL_TRY(dtl__cp_count(fn, "k", p->tokens, p->kv_heads, p->head_dim, &nkv)); /* <= SIZE_MAX / 8: K and V packed fit */
   DTL_TRY(dtl__cp_check_compute(ctx, fn));
   memset(a, 0, sizeof *a);
   DTL_TRY(dtl__cp_scale(fn, p->mask, p->scale, p->head_dim, &a->scale));

@@ -31,7 +31,8 @@ static dtl_status dtl__cp_ring_attend(dtl_cp_context *ctx, const dtl__cp_args *a
                                      const void *v, int64_t krow, int64_t tk, int64_t kpos0, bool masked,
                                      bool *filled, dtl__cp_poll *poll) {
   const dtl__cp_seg *qs = &a->seg[i];
-  float *acc = (float *)ctx->ws[DTL__CP_WS_ACC] + qs->row * a->qw, *acc_lse = (float *)ctx->ws[DTL__CP_WS_LSE] + qs->row * a->qh;
+  float *acc = (float *)ctx->ws[DTL__CP_WS_ACC] + qs->row * a->qw;
+  float *acc_lse = (float *)ctx->ws[DTL__CP_WS_LSE] + qs->row * a->qh;
   float *part = ctx->ws[DTL__CP_WS_PART], *part_lse = ctx->ws[DTL__CP_WS_LSE2];
   size_t e = ctx->elem;
   dtl__attn_shape s = {.tq = qs->count, .tk = tk, .qn = a->qh, .kn = a->kvh, .head_dim = a->D, .group = a->group,
@@ -42,7 +43,8 @@ static dtl_status dtl__cp_ring_attend(dtl_cp_context *ctx, const dtl__cp_args *a
                          (const char *)k + (size_t)(krow * a->kvw) * e, (const char *)v + (size_t)(krow * a->kvw) * e,
                          filled[i] ? part : acc, filled[i] ? part_lse : acc_lse, ctx->ws[DTL__CP_WS_CORE],
                          ctx->ws_bytes[DTL__CP_WS_CORE]));
-  if (filled[i]) DTL_TRY(dtl__cp_merge(ctx, DTL_FLOAT32, qs->count, a->qh, a->D, acc, a->qw, acc_lse, part, a->qw, part_lse));
+  if (filled[i])
+    DTL_TRY(dtl__cp_merge(ctx, DTL_FLOAT32, qs->count, a->qh, a->D, acc, a->qw, acc_lse, part, a->qw, part_lse));
   filled[i] = true;
   return DTL_OK;
 }

@@ -77,7 +77,8 @@ dtl_status dtl__cp_state_reduce(dtl_cp_context *ctx, const char *fn, int64_t T, 
     st = dtl_all_reduce(ctx->comm, scaled, out, (size_t)(T * H * D), ctx->dtype, DTL_SUM);
   }
   if (st != DTL_OK) return dtl__error_prefix(st, "%s", fn);
-  if (out_lse && rows > 0) DTL_TRY(dtl__mem_copy(&ctx->comm->mem, out_lse, L + off * H, (size_t)(rows * H) * sizeof(float)));
+  if (out_lse && rows > 0)
+    DTL_TRY(dtl__mem_copy(&ctx->comm->mem, out_lse, L + off * H, (size_t)(rows * H) * sizeof(float)));
   return DTL_OK;
 }
 

@@ -102,7 +102,8 @@ dtl_status dtl_cp_ulysses_attention(dtl_cp_context *ctx, const dtl_cp_attention_
     DTL_TRY(dtl__cp_by_segments(ctx, &a, j, e, mk.count * D, true, at, fv));
     at += (size_t)(nj * mk.count * D) * e;
   }
-  DTL_TRY(dtl__cp_attend(ctx, &s, fq, fk, fv, o, lse ? l : NULL, ctx->ws[DTL__CP_WS_CORE], ctx->ws_bytes[DTL__CP_WS_CORE]));
+  DTL_TRY(dtl__cp_attend(ctx, &s, fq, fk, fv, o, lse ? l : NULL, ctx->ws[DTL__CP_WS_CORE],
+                         ctx->ws_bytes[DTL__CP_WS_CORE]));
 
   /* Heads -> tokens: to rank j its rows of this rank's heads; from rank i this rank's rows of i's heads. */
   at = recv;

@@ -6,14 +6,10 @@
  * dtype (f32: 2e-5). Runs under mpirun with one rank; exits 77 (skipped) without a CUDA device. What this
  * cannot reach at one rank (the ring's transfers, the all-to-alls between ranks) runs in test_cp_attention.c
  * through the device code emulated on the host. */
-#include <cuda_runtime.h>
-#include "dtl_test.h"
+#include "dt_nccl.h"
 #include "cp_oracle.h"
-#include "dtl/nccl.h"
 
-static cudaStream_t stream;
-static dtl_comm *dcomm;
-static dtl_mesh *dmesh;
+static dt_nccl G;
 static dtl_cp_context *D;
 static dtl_dtype DT;
 
@@ -23,13 +19,13 @@ static dtl_dtype DT;
 static void *up_bytes(const void *h, size_t bytes) {
   void *d = NULL;
   CUDA_CHECK(cudaMalloc(&d, bytes + 4));
-  CUDA_CHECK(cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, stream));
-  CUDA_CHECK(cudaStreamSynchronize(stream));
+  CUDA_CHECK(cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, G.stream));
+  CUDA_CHECK(cudaStreamSynchronize(G.stream));
   return d;
 }
 static void down_bytes(const void *d, void *h, size_t bytes) {
-  CUDA_CHECK(cudaMemcpyAsync(h, d, bytes, cudaMemcpyDeviceToHost, stream));
-  CUDA_CHECK(cudaStreamSynchronize(stream));
+  CUDA_CHECK(cudaMemcpyAsync(h, d, bytes, cudaMemcpyDeviceToHost, G.stream));
+  CUDA_CHECK(cudaStreamSynchronize(G.stream));
 }
 
 /* One prefill (ring or ulysses) of T tokens on the device against the reference. */
@@ -49,7 +45,8 @@ static void prefill_on_the_device_matches_dense_attention(int ulysses) {
   void *v = up_bytes(hv, (size_t)(T * kvw) * es), *out = up_bytes(hout, (size_t)(T * qw) * es);
   float *lse = up_bytes(hlse, sizeof(float) * (size_t)(T * qh));
   dtl_cp_attention_params p = {.flags = DTL_CP_CAUSAL, .tokens = T, .q_heads = qh, .kv_heads = kvh, .head_dim = hd};
-  CHECK_OK(ulysses ? dtl_cp_ulysses_attention(D, &p, q, k, v, out, lse) : dtl_cp_ring_attention(D, &p, q, k, v, out, lse));
+  CHECK_OK(ulysses ? dtl_cp_ulysses_attention(D, &p, q, k, v, out, lse)
+                   : dtl_cp_ring_attention(D, &p, q, k, v, out, lse));
   down_bytes(out, hout, (size_t)(T * qw) * es);
   down_bytes(lse, hlse, sizeof(float) * (size_t)(T * qh));
   char why[200];
@@ -96,13 +93,14 @@ static void merge_on_device_memory_matches_the_host_merge(void) {
   t_rand_state = 7;
   float *a = t_rand_reals(N, 2.0f, DT), *b = t_rand_reals(N, 2.0f, DT);
   float la[T * H], lb[T * H];
-  for (int i = 0; i < T * H; i++) la[i] = i % 4 == 0 ? -INFINITY : 0.3f * (float)i, lb[i] = i % 5 == 0 ? -INFINITY : 1.0f;
+  for (int i = 0; i < T * H; i++)
+    la[i] = i % 4 == 0 ? -INFINITY : 0.3f * (float)i, lb[i] = i % 5 == 0 ? -INFINITY : 1.0f;
   void *ha = t_pack(a, N, DT), *hb = t_pack(b, N, DT);
   size_t es = dtl_dtype_size(DT);
   void *da = up_bytes(ha, N * es), *db = up_bytes(hb, N * es);
   float *dla = up_bytes(la, sizeof la), *dlb = up_bytes(lb, sizeof lb);
   CHECK_OK(dtl_attn_state_merge(T, H, HD, a, la, b, lb));
-  CHECK_OK(dtl_attn_state_merge_on(dcomm, DT, T, H, HD, da, dla, db, dlb));
+  CHECK_OK(dtl_attn_state_merge_on(G.comm, DT, T, H, HD, da, dla, db, dlb));
   float got_l[T * H];
   down_bytes(da, ha, N * es);
   down_bytes(dla, got_l, sizeof got_l);
@@ -121,20 +119,12 @@ int main(int argc, char **argv) {
   if (dt_size != 1 || dtl_cuda_device_count() == 0)
     return dt_skip(dt_size != 1 ? "runs at one rank (one GPU holds one NCCL rank)"
                                 : "no CUDA device (context parallelism on NCCL was not run)");
-  ncclComm_t nccl;
-  ncclUniqueId id;
-  int one = 1;
-  if (cudaSetDevice(0) != cudaSuccess || cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess ||
-      ncclGetUniqueId(&id) != ncclSuccess || ncclCommInitRank(&nccl, 1, id, 0) != ncclSuccess ||
-      dtl_comm_from_nccl(nccl, stream, &dcomm) != DTL_OK || dtl_mesh_create(dcomm, 1, &one, &dmesh) != DTL_OK) {
-    printf("could not set up NCCL at world size 1: %s\n", dtl_last_error());
-    MPI_Abort(MPI_COMM_WORLD, 1);
-  }
+  dt_nccl_setup(&G);
   const dtl_dtype types[3] = {DTL_FLOAT32, DTL_FLOAT16, DTL_BFLOAT16};
   for (int ti = 0; ti < 3; ti++) {
     DT = types[ti];
     dtl_cp_options o = {.mask = DTL_CP_OPT_DTYPE, .dtype = DT};
-    REQUIRE_OK(dtl_cp_context_create(dmesh, 0, &o, &D));
+    REQUIRE_OK(dtl_cp_context_create(G.mesh, 0, &o, &D));
     char name[128];
 #define DEVICE_CASE(fn)                                                  \
   snprintf(name, sizeof name, "%s (%s)", #fn, dtl_dtype_name(DT)); \
@@ -145,9 +135,6 @@ int main(int argc, char **argv) {
     DEVICE_CASE(merge_on_device_memory_matches_the_host_merge);
     dtl_cp_context_destroy(D);
   }
-  dtl_mesh_destroy(dmesh);
-  dtl_comm_destroy(dcomm);
-  ncclCommDestroy(nccl);
-  cudaStreamDestroy(stream);
+  dt_nccl_teardown(&G);
   return dt_finish();
 }

@@ -11,7 +11,8 @@ extern "C" {
 #endif
 
 /* Wraps comm (duplicated with MPI_Comm_dup, so dtl's traffic never mixes with the caller's, and set to
- * MPI_ERRORS_RETURN). Collective over comm. MPI must be initialized. */
+ * MPI_ERRORS_RETURN). Collective over comm, and agreed: when one rank fails (out of memory), every rank
+ * returns an error and none keeps a communicator. MPI must be initialized. */
 DTL_API dtl_status dtl_comm_from_mpi(MPI_Comm comm, dtl_comm **out);
 /* The duplicated communicator dtl uses (for timing raw MPI beside dtl). */
 DTL_API MPI_Comm dtl_comm_mpi_handle(const dtl_comm *c);

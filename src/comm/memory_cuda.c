@@ -41,12 +41,14 @@ static dtl_status dtl__cuda_alloc(const dtl__mem *m, size_t bytes, void **out) {
         prev, dtl__error(DTL_ERR_OUT_OF_MEMORY, "%s: cannot allocate %zu bytes of device memory", fn, bytes));
   if (e != cudaSuccess) return dtl__cuda_device_leave(prev, dtl__cuda_error(fn, e));
   *out = p;
+  dtl__alloc_track(1);
   return dtl__cuda_device_leave(prev, DTL_OK);
 }
 
 static void dtl__cuda_free(const dtl__mem *m, void *p) {
   int prev;
   if (!p || dtl__cuda_device_enter(m->device, "dtl mem_free", &prev) != DTL_OK) return;
+  dtl__alloc_track(-1);
   cudaFreeAsync(p, (cudaStream_t)m->stream);
   dtl__cuda_device_leave(prev, DTL_OK);
 }

@@ -722,7 +722,24 @@ dtl_status dtl_comm_from_mpi(MPI_Comm comm, dtl_comm **out) {
   if (!init) return dtl__error(DTL_ERR_INVALID_ARGUMENT, "dtl_comm_from_mpi: MPI is not initialized (call MPI_Init first)");
   MPI_Comm dup;
   DTL__MPI_CALL("dtl_comm_from_mpi", MPI_Comm_dup(comm, &dup));
-  return dtl__comm_wrap_mpi(dup, out);
+  dtl_comm *c = NULL;
+  dtl_status st = dtl__comm_wrap_mpi(dup, &c);
+  /* A creation agrees, like dtl_comm_split: a rank that ran out of memory after the (collective) duplication
+   * must not leave its peers with a communicator it lacks. One all-reduce over comm, which every rank is
+   * calling this function on, of (failed ? 1 + status : 0, rank): the peers learn the first failing rank. */
+  int mine[2] = {st == DTL_OK ? 0 : 1 + (int)st, 0}, worst[2];
+  MPI_Comm_rank(comm, &mine[1]);
+  int rc = MPI_Allreduce(mine, worst, 1, MPI_2INT, MPI_MAXLOC, comm);
+  if (rc == MPI_SUCCESS && worst[0] == 0) {
+    *out = c;
+    return DTL_OK;
+  }
+  dtl_comm_destroy(c);
+  if (st != DTL_OK) return st;
+  if (rc != MPI_SUCCESS) return dtl__mpi_error("dtl_comm_from_mpi", rc);
+  dtl_status theirs = (dtl_status)(worst[0] - 1);
+  return dtl__error(theirs, "dtl_comm_from_mpi: rank %d failed (%s; its dtl_last_error says why), so no rank went on",
+                    worst[1], dtl_status_name(theirs));
 }
 
 MPI_Comm dtl_comm_mpi_handle(const dtl_comm *c) {

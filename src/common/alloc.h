@@ -22,14 +22,19 @@ void *dtl__realloc(void *p, size_t bytes);
 void dtl__free(void *p);
 
 /* Called by allocators outside this file (device memory) before they allocate: counts the allocation and
- * returns false when the test hook says this one must fail. */
+ * returns false when the test hook says this one must fail. They report each buffer they hand out (+1)
+ * and take back (-1) with dtl__alloc_track, so that the live count covers their memory too. */
 bool dtl__alloc_note(void);
+void dtl__alloc_track(int delta);
 
 /* Test hook (process-wide, for tests only): counts every allocation since the last reset and, when
  * fail_at > 0, makes allocation number fail_at (1-based, counted from the reset) and every later one fail
  * while fail_sticky, or only that one otherwise. dtl__alloc_hook_reset(0, false) just resets the count. */
 void dtl__alloc_hook_reset(uint64_t fail_at, bool fail_sticky);
 uint64_t dtl__alloc_hook_count(void);
+/* Buffers allocated through these calls and not yet freed, process-wide (not reset by the hook): a call
+ * that fails must leave it as it found it. */
+int64_t dtl__alloc_hook_live(void);
 
 #ifdef __cplusplus
 }

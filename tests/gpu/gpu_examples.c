@@ -5,12 +5,10 @@
  * experts, combine) whose experts give back their input, so combine must return every kept token scaled
  * by its weights. Every result is copied back and compared element by element. Runs under mpirun with one
  * rank (make gpu-check); exits 77 (skipped) without a CUDA device. */
-#include <cuda_runtime.h>
 #include <math.h>
-#include "dtl_test.h"
-#include "dtl/nccl.h"
+#include "dt_nccl.h"
 
-static ncclComm_t nccl;
+static dt_nccl G;
 static cudaStream_t stream;
 static dtl_comm *comm;
 
@@ -64,10 +62,8 @@ static void quickstart_redistributes_rows_to_columns_on_device(void) {
 }
 
 static void distribute_and_full_tensor_round_trip_on_device(void) {
-  dtl_mesh *mesh;
-  REQUIRE_OK(dtl_mesh_create(comm, 1, (int[]){1}, &mesh));
   dtl_layout *l;
-  REQUIRE_OK(dtl_layout_create(mesh, DTL_INT32, 2, (int64_t[]){5, 7}, (dtl_placement[]){dtl_shard(1)}, &l));
+  REQUIRE_OK(dtl_layout_create(G.mesh, DTL_INT32, 2, (int64_t[]){5, 7}, (dtl_placement[]){dtl_shard(1)}, &l));
   int32_t dense[35], back[35];
   for (int i = 0; i < 35; i++) dense[i] = 3 * i - 50;
   void *dd = to_device(dense, sizeof dense), *local = to_device(NULL, dtl_layout_local_count(l) * 4),
@@ -80,7 +76,6 @@ static void distribute_and_full_tensor_round_trip_on_device(void) {
   cudaFree(local);
   cudaFree(full);
   dtl_layout_destroy(l);
-  dtl_mesh_destroy(mesh);
 }
 
 /* examples/collectives.c's first line at p = 1: local [1,2]; every collective of one rank returns it. */
@@ -158,19 +153,13 @@ int main(int argc, char **argv) {
   dt_init(&argc, &argv);
   if (dt_size != 1) return dt_skip("one rank per GPU: run with mpirun -n 1");
   if (dtl_cuda_device_count() == 0) return dt_skip("no CUDA device visible");
-  ncclUniqueId id;
-  if (cudaSetDevice(0) != cudaSuccess || cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess ||
-      ncclGetUniqueId(&id) != ncclSuccess || ncclCommInitRank(&nccl, 1, id, 0) != ncclSuccess) {
-    fprintf(stderr, "CUDA or NCCL set-up failed\n");
-    MPI_Abort(MPI_COMM_WORLD, 2);
-  }
-  REQUIRE_OK(dtl_comm_from_nccl(nccl, stream, &comm));
+  dt_nccl_setup(&G);
+  stream = G.stream;
+  comm = G.comm;
   RUN(quickstart_redistributes_rows_to_columns_on_device);
   RUN(distribute_and_full_tensor_round_trip_on_device);
   RUN(collectives_worked_numbers_on_device);
   RUN(moe_layer_on_device_returns_the_weighted_tokens);
-  dtl_comm_destroy(comm);
-  ncclCommDestroy(nccl);
-  cudaStreamDestroy(stream);
+  dt_nccl_teardown(&G);
   return dt_finish();
 }

@@ -13,7 +13,8 @@ static size_t dtl__utf8_safe(const unsigned char *s, size_t n) {
   for (size_t k = 1; k < len; k++)
     if ((s[k] & 0xc0) != 0x80) return 0;
   /* Overlong forms, UTF-16 surrogates and code points past U+10FFFF. */
-  if ((c == 0xe0 && s[1] < 0xa0) || (c == 0xed && s[1] >= 0xa0) || (c == 0xf0 && s[1] < 0x90) || (c == 0xf4 && s[1] >= 0x90))
+  if ((c == 0xe0 && s[1] < 0xa0) || (c == 0xed && s[1] >= 0xa0) || (c == 0xf0 && s[1] < 0x90) ||
+      (c == 0xf4 && s[1] >= 0x90))
     return 0;
   if (c == 0xc2 && s[1] < 0xa0) return 0; /* C1 controls: CSI (U+009B) starts escape sequences too */
   if (c == 0xe2 && s[1] == 0x80 && (s[2] == 0x8e || s[2] == 0x8f || (s[2] >= 0xa8 && s[2] <= 0xae))) return 0;
@@ -76,12 +77,14 @@ const char *dtl__quote_n(const char *in, size_t len, char *out, size_t cap) {
   return out;
 }
 
-const char *dtl__quote(const char *in, char *out, size_t cap) { return dtl__quote_n(in, in ? strlen(in) : 0, out, cap); }
+const char *dtl__quote(const char *in, char *out, size_t cap) {
+  return dtl__quote_n(in, in ? strlen(in) : 0, out, cap);
+}
 
 void dtl__utf8_trim(char *s) {
   size_t n = strlen(s), k = 0;
   while (k < n && k < 4 && ((unsigned char)s[n - 1 - k] & 0xc0) == 0x80) k++; /* continuation bytes */
-  if (k == n || ((unsigned char)s[n - 1 - k] & 0xc0) != 0xc0) return;        /* no lead byte before them */
+  if (k == n || ((unsigned char)s[n - 1 - k] & 0xc0) != 0xc0) return;         /* no lead byte before them */
   unsigned char c = (unsigned char)s[n - 1 - k];
   size_t len = c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : 2;
   if (k + 1 < len) s[n - 1 - k] = '\0';

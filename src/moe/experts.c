@@ -89,11 +89,19 @@ dtl_status dtl_moe_mlp_forward(const dtl_moe_expert_batch *b, void *user) {
   DTL_CHECK_ARG(wg && wu && wd, name, "weights of local expert %d are NULL", b->local);
   if (b->rows == 0) return DTL_OK;
   const int64_t m = b->rows, f = mlp->ffn, h = mlp->hidden;
-  size_t cells;
-  DTL_CHECK_ARG(dtl__mul_size((size_t)m, (size_t)f, &cells) && cells <= SIZE_MAX / sizeof(float) / 2, name,
-                "rows=%lld x ffn=%lld overflows", (long long)m, (long long)f);
+  /* Under a layout the scratch is sized for the largest local block at once, so that no later expert of
+   * the same run needs more: running out of memory then fails the first expert with rows, before any
+   * output row is written. */
+  int64_t widest = m;
+  for (int j = 0; b->layout && j < b->layout->local_experts; j++)
+    if (b->layout->block_rows[j] > widest) widest = b->layout->block_rows[j];
+  size_t cells, scratch_cells;
+  DTL_CHECK_ARG(dtl__mul_size((size_t)widest, (size_t)f, &scratch_cells) &&
+                    scratch_cells <= SIZE_MAX / sizeof(float) / 2,
+                name, "rows=%lld x ffn=%lld overflows", (long long)widest, (long long)f);
+  cells = (size_t)m * (size_t)f;
   void *ws = NULL, *own = NULL;
-  if (b->layout) DTL_TRY(dtl_moe_expert_scratch(b, 2 * sizeof(float) * cells, &ws));
+  if (b->layout) DTL_TRY(dtl_moe_expert_scratch(b, 2 * sizeof(float) * scratch_cells, &ws));
   else if (!(ws = own = dtl__malloc(2 * sizeof(float) * cells)))
     return dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, name, "out of host memory for %lld x %lld activations", (long long)m,
                          (long long)f);

@@ -75,19 +75,45 @@ static dtl_status collective(void *v) {
   return st == DTL_OK ? dtl_wait(req) : st;
 }
 
-static const char *const names[] = {
-    "dtl_barrier", "dtl_broadcast", "dtl_scatter", "dtl_gather", "dtl_reduce", "dtl_all_gather",
-    "dtl_all_gatherv", "dtl_all_reduce (f16)", "dtl_reduce_scatter", "dtl_reduce_scatterv (avg)", "dtl_all_to_all",
-    "dtl_all_to_allv", "dtl_sendrecv", "dtl_all_reduce_async + wait", "dtl_all_gather_async + wait",
-    "dtl_all_gatherv_async + wait", "dtl_reduce_scatter_async + wait", "dtl_all_to_all_async + wait",
-    "dtl_all_to_allv_async + wait", "dtl_sendrecv_async + wait"};
+static const char *const names[] = {"dtl_barrier",
+                                    "dtl_broadcast",
+                                    "dtl_scatter",
+                                    "dtl_gather",
+                                    "dtl_reduce",
+                                    "dtl_all_gather",
+                                    "dtl_all_gatherv",
+                                    "dtl_all_reduce (f16)",
+                                    "dtl_reduce_scatter",
+                                    "dtl_reduce_scatterv (avg)",
+                                    "dtl_all_to_all",
+                                    "dtl_all_to_allv",
+                                    "dtl_sendrecv",
+                                    "dtl_all_reduce_async + wait",
+                                    "dtl_all_gather_async + wait",
+                                    "dtl_all_gatherv_async + wait",
+                                    "dtl_reduce_scatter_async + wait",
+                                    "dtl_all_to_all_async + wait",
+                                    "dtl_all_to_allv_async + wait",
+                                    "dtl_sendrecv_async + wait"};
 
 static void making_a_communicator_fails_every_rank_alike_at_each_failed_allocation(void) {
   ctx x;
   fresh(&x);
   const dt_oom_case cases[] = {
-      {"dtl_comm_from_mpi", from_mpi, untouched, undo, &x, true, true},
-      {"dtl_comm_split", split, untouched, undo, &x, true, true},
+      {.what = "dtl_comm_from_mpi",
+       .call = from_mpi,
+       .untouched = untouched,
+       .undo = undo,
+       .ctx = &x,
+       .collective = true,
+       .caches = true},
+      {.what = "dtl_comm_split",
+       .call = split,
+       .untouched = untouched,
+       .undo = undo,
+       .ctx = &x,
+       .collective = true,
+       .caches = true},
   };
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) dt_oom_every_way(&cases[i], &tally);
   dtl_comm_destroy(x.c);
@@ -100,7 +126,13 @@ static void every_collective_survives_each_failed_allocation(void) {
   fresh(&x);
   for (int op = 0; op < (int)(sizeof names / sizeof *names); op++) {
     x.op = op;
-    const dt_oom_case c = {names[op], collective, untouched, undo, &x, true, true};
+    const dt_oom_case c = {.what = names[op],
+                           .call = collective,
+                           .untouched = untouched,
+                           .undo = undo,
+                           .ctx = &x,
+                           .collective = true,
+                           .caches = true};
     dt_oom_sweeps(&c, op < 13, &tally);
   }
   dtl_comm_destroy(x.c);
@@ -110,6 +142,7 @@ int main(int argc, char **argv) {
   dt_init(&argc, &argv);
   RUN(making_a_communicator_fails_every_rank_alike_at_each_failed_allocation);
   RUN(every_collective_survives_each_failed_allocation);
-  if (dt_rank == 0) printf("%ld calls, %ld of them failed by an injected allocation failure\n", tally.calls, tally.failures);
+  if (dt_rank == 0)
+    printf("%ld calls, %ld of them failed by an injected allocation failure\n", tally.calls, tally.failures);
   return dt_finish();
 }

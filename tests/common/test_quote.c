@@ -17,27 +17,41 @@
 #include "dtl_tool.h"
 #include "text_safe.h"
 
-#define EXPECT_SAFE(text, allow_newline)                                                                 \
-  do {                                                                                                   \
-    size_t at_;                                                                                          \
-    if (!dt_text_safe((text), (allow_newline), &at_))                                                   \
+#define EXPECT_SAFE(text, allow_newline)                                                                        \
+  do {                                                                                                          \
+    size_t at_;                                                                                                 \
+    if (!dt_text_safe((text), (allow_newline), &at_))                                                           \
       fail_msg("unsafe byte 0x%02x at %zu, after \"%.*s\"", (unsigned char)(text)[at_], at_, (int)at_, (text)); \
   } while (0)
 
 /* The last error after a call that must fail: it names the call and carries no raw hostile byte. */
-#define EXPECT_FAILS_SAFELY(call, fn)                        \
-  do {                                                       \
-    assert_int_not_equal((call), DTL_OK);                    \
-    assert_non_null(strstr(dtl_last_error(), (fn)));         \
-    EXPECT_SAFE(dtl_last_error(), false);                    \
+#define EXPECT_FAILS_SAFELY(call, fn)                \
+  do {                                               \
+    assert_int_not_equal((call), DTL_OK);            \
+    assert_non_null(strstr(dtl_last_error(), (fn))); \
+    EXPECT_SAFE(dtl_last_error(), false);            \
   } while (0)
 
 /* Hostile texts: a colour escape, a title-setting OSC, newline + fake message, C1 CSI raw and in UTF-8, a
  * right-to-left override, malformed UTF-8 (lone continuation, overlong, surrogate, truncated). */
 static const char *const hostile[] = {
-    "\x1b[31mred",        "\x1b]0;owned\x07",   "S0\nERROR: fake",  "\x9b" "31m",        "\xc2\x9b" "31m",
-    "a\xe2\x80\xae" "b", "\x80",                "\xc0\xaf",         "\xed\xa0\x80",      "\xe2\x82",
-    "\x7f\x01\x02\x03\t", "S(\x1b[2J)",          "P(\x1b)",          "R,\x1b[0m,S1",
+    "\x1b[31mred",
+    "\x1b]0;owned\x07",
+    "S0\nERROR: fake",
+    "\x9b"
+    "31m",
+    "\xc2\x9b"
+    "31m",
+    "a\xe2\x80\xae"
+    "b",
+    "\x80",
+    "\xc0\xaf",
+    "\xed\xa0\x80",
+    "\xe2\x82",
+    "\x7f\x01\x02\x03\t",
+    "S(\x1b[2J)",
+    "P(\x1b)",
+    "R,\x1b[0m,S1",
 };
 #define NHOSTILE (sizeof hostile / sizeof *hostile)
 
@@ -57,12 +71,21 @@ static void control_and_malformed_bytes_are_escaped(void **state) {
   assert_string_equal(dtl__quote("\x1b[31mred", out, sizeof out), "\\x1b[31mred");
   assert_string_equal(dtl__quote("a\nb\tc\x7f", out, sizeof out), "a\\x0ab\\x09c\\x7f");
   assert_string_equal(dtl__quote("say \"hi\" \\o/ \\x1b", out, sizeof out), "say \"hi\" \\\\o/ \\\\x1b");
-  assert_string_equal(dtl__quote("\xc2\x9b" "1m", out, sizeof out), "\\xc2\\x9b1m");         /* C1 CSI */
-  assert_string_equal(dtl__quote("a\xe2\x80\xae" "b", out, sizeof out), "a\\xe2\\x80\\xaeb"); /* RLO */
+  assert_string_equal(dtl__quote("\xc2\x9b"
+                                 "1m",
+                                 out, sizeof out),
+                      "\\xc2\\x9b1m"); /* C1 CSI */
+  assert_string_equal(dtl__quote("a\xe2\x80\xae"
+                                 "b",
+                                 out, sizeof out),
+                      "a\\xe2\\x80\\xaeb"); /* RLO */
   assert_string_equal(dtl__quote("\xc0\xaf\xed\xa0\x80\xf4\x90\x80\x80", out, sizeof out),
-                      "\\xc0\\xaf\\xed\\xa0\\x80\\xf4\\x90\\x80\\x80"); /* overlong, surrogate, > U+10FFFF */
+                      "\\xc0\\xaf\\xed\\xa0\\x80\\xf4\\x90\\x80\\x80");       /* overlong, surrogate, > U+10FFFF */
   assert_string_equal(dtl__quote("\xe2\x82", out, sizeof out), "\\xe2\\x82"); /* cut short */
-  assert_string_equal(dtl__quote_n("ab\x1b" "cd", 3, out, sizeof out), "ab\\x1b");
+  assert_string_equal(dtl__quote_n("ab\x1b"
+                                   "cd",
+                                   3, out, sizeof out),
+                      "ab\\x1b");
   for (size_t i = 0; i < NHOSTILE; i++) EXPECT_SAFE(dtl__quote(hostile[i], out, sizeof out), false);
 }
 
@@ -74,7 +97,10 @@ static void long_text_is_cut_with_an_ellipsis_never_inside_an_escape(void **stat
   assert_string_equal(dtl__quote(big, out, sizeof out), "xxxxxxxxxxxx...");
   assert_string_equal(dtl__quote("xxxxxxxxxxxxxxx", out, sizeof out), "xxxxxxxxxxxxxxx"); /* fits exactly */
   assert_string_equal(dtl__quote("xxxxxxxxxx\x1b\x1b", out, sizeof out), "xxxxxxxxxx...");
-  assert_string_equal(dtl__quote("xxxxxxxxx\xe2\x82\xac" "yyyy", out, sizeof out), "xxxxxxxxx\xe2\x82\xac...");
+  assert_string_equal(dtl__quote("xxxxxxxxx\xe2\x82\xac"
+                                 "yyyy",
+                                 out, sizeof out),
+                      "xxxxxxxxx\xe2\x82\xac...");
   for (size_t cap = 1; cap < 12; cap++) { /* every small buffer stays terminated and in bounds */
     char small[12];
     memset(small, '#', sizeof small);
@@ -127,8 +153,13 @@ static void parsers_echo_hostile_text_quoted(void **state) {
 }
 
 static void plan_tune_is_echoed_quoted(void **state) {
-  static const char *const tunes[] = {"alpha=\x1b[2J", "\x1b]0;x\x07=1", "alpha=1,alpha=\n2", "alpha=1,", ",\x9b",
-                                      "alpha=1e-6,beta=\xe2\x80\xae" "2"};
+  static const char *const tunes[] = {"alpha=\x1b[2J",
+                                      "\x1b]0;x\x07=1",
+                                      "alpha=1,alpha=\n2",
+                                      "alpha=1,",
+                                      ",\x9b",
+                                      "alpha=1e-6,beta=\xe2\x80\xae"
+                                      "2"};
   dtl_mesh *m;
   dtl_layout *l;
   assert_int_equal(dtl_mesh_create_abstract(1, (int[]){2}, NULL, &m), DTL_OK);
@@ -185,7 +216,8 @@ static void checkpoint_names_paths_and_json_are_echoed_quoted(void **state) {
   dtl_dtype t;
   int nd;
   int64_t shape[8];
-  for (size_t i = 0; i < NHOSTILE; i++) EXPECT_FAILS_SAFELY(dtl_safetensors_info(f, hostile[i], &t, &nd, shape), "dtl_safetensors_info");
+  for (size_t i = 0; i < NHOSTILE; i++)
+    EXPECT_FAILS_SAFELY(dtl_safetensors_info(f, hostile[i], &t, &nd, shape), "dtl_safetensors_info");
   float x;
   EXPECT_FAILS_SAFELY(dtl_safetensors_read_box(f, "w\x1b", DTL_FLOAT64, 1, (int64_t[]){0}, (int64_t[]){0}, &x),
                       "dtl_safetensors_read_box"); /* the file's own name, echoed with its escape */
@@ -229,10 +261,15 @@ static void tool_messages_echo_hostile_arguments_quoted(void **state) {
   for (size_t i = 0; i < NHOSTILE; i++) {
     const char *h = hostile[i];
     assert_int_equal(run_tool((const char *[]){h, NULL}), 2);
-    assert_int_equal(run_tool((const char *[]){"plan", "--dtype", h, "--mesh", "2", "--shape", "8", "--from", "S0", "--to", "R", NULL}), 2);
-    assert_int_equal(run_tool((const char *[]){"plan", "--mesh", h, "--shape", "8", "--from", "S0", "--to", "R", NULL}), 2);
-    assert_int_equal(run_tool((const char *[]){"plan", "--mesh", "2", "--shape", h, "--from", "S0", "--to", "R", NULL}), 2);
-    assert_int_equal(run_tool((const char *[]){"plan", "--mesh", "2", "--shape", "8", "--from", h, "--to", "R", NULL}), 2);
+    assert_int_equal(run_tool((const char *[]){"plan", "--dtype", h, "--mesh", "2", "--shape", "8", "--from", "S0",
+                                               "--to", "R", NULL}),
+                     2);
+    assert_int_equal(run_tool((const char *[]){"plan", "--mesh", h, "--shape", "8", "--from", "S0", "--to", "R", NULL}),
+                     2);
+    assert_int_equal(run_tool((const char *[]){"plan", "--mesh", "2", "--shape", h, "--from", "S0", "--to", "R", NULL}),
+                     2);
+    assert_int_equal(run_tool((const char *[]){"plan", "--mesh", "2", "--shape", "8", "--from", h, "--to", "R", NULL}),
+                     2);
     assert_int_equal(run_tool((const char *[]){"plan", "--mesh", "2x2", "--shape", "8", "--from", "S0,R", "--to", "R,R",
                                                "--coord", h, NULL}),
                      2);

@@ -20,13 +20,13 @@ static pthread_barrier_t start;
 static atomic_int failures;
 static atomic_long failed_calls; /* calls that failed and so logged one line each at info level and above */
 
-#define EXPECT(cond, ...)                          \
-  do {                                             \
-    if (!(cond)) {                                 \
+#define EXPECT(cond, ...)                                   \
+  do {                                                      \
+    if (!(cond)) {                                          \
       fprintf(stderr, "thread check failed: " __VA_ARGS__); \
-      fputc('\n', stderr);                         \
-      atomic_fetch_add(&failures, 1);              \
-    }                                              \
+      fputc('\n', stderr);                                  \
+      atomic_fetch_add(&failures, 1);                       \
+    }                                                       \
   } while (0)
 
 /* The last error names this thread's own bad value, whatever the other threads failed with meanwhile. */
@@ -59,8 +59,12 @@ static void *worker(void *arg) {
     atomic_fetch_add(&failed_calls, 3);
     /* Calls that allocate and succeed, on this thread's own objects. */
     EXPECT(dtl_mesh_create_abstract(2, (int[]){2, 2}, NULL, &mesh) == DTL_OK, "mesh: %s", dtl_last_error());
-    EXPECT(dtl_layout_create(mesh, DTL_FLOAT32, 2, (int64_t[]){8, 6}, (dtl_placement[]){dtl_shard(0), dtl_shard(1)}, &a) == DTL_OK, "layout");
-    EXPECT(dtl_layout_create(mesh, DTL_FLOAT32, 2, (int64_t[]){8, 6}, (dtl_placement[]){dtl_shard(1), dtl_shard(0)}, &b) == DTL_OK, "layout");
+    EXPECT(dtl_layout_create(mesh, DTL_FLOAT32, 2, (int64_t[]){8, 6}, (dtl_placement[]){dtl_shard(0), dtl_shard(1)},
+                             &a) == DTL_OK,
+           "layout");
+    EXPECT(dtl_layout_create(mesh, DTL_FLOAT32, 2, (int64_t[]){8, 6}, (dtl_placement[]){dtl_shard(1), dtl_shard(0)},
+                             &b) == DTL_OK,
+           "layout");
     dtl_plan *plan = NULL;
     EXPECT(dtl_plan_create(a, b, &plan) == DTL_OK, "plan: %s", dtl_last_error());
     char text[2048];

@@ -52,7 +52,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   dtl_layout *l = NULL;
   dtl_status st = dtl_layout_create(mesh, t, nd, shape, pl, &l);
   if (st != DTL_OK) {
-    FZ_FAILED(st, "dtl_layout_create", DTL_ERR_INVALID_ARGUMENT, DTL_ERR_UNSUPPORTED); /* UNSUPPORTED: P(avg) of integers */
+    FZ_FAILED(st, "dtl_layout_create", DTL_ERR_INVALID_ARGUMENT,
+              DTL_ERR_UNSUPPORTED); /* UNSUPPORTED: P(avg) of integers */
     FZ_CHECK(l == NULL, "a failed create wrote the layout");
     dtl_mesh_destroy(mesh);
     return 0;
@@ -109,8 +110,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   FZ_CHECK(dtl_layout_format(l, line, sizeof line) == DTL_OK, "format: %s", dtl_last_error());
   check_text(l, dtl_layout_format, strlen(line) + 1, "dtl_layout_format");
   size_t need = visualize_needed(l);
-  if (need) check_text(l, dtl_layout_visualize, need, "dtl_layout_visualize");
-  else FZ_FAILED(dtl_layout_visualize(l, line, sizeof line), "dtl_layout_visualize", DTL_ERR_UNSUPPORTED);
+  if (need)
+    check_text(l, dtl_layout_visualize, need, "dtl_layout_visualize");
+  else
+    FZ_FAILED(dtl_layout_visualize(l, line, sizeof line), "dtl_layout_visualize", DTL_ERR_UNSUPPORTED);
   dtl_layout_destroy(l);
   dtl_mesh_destroy(mesh);
   return 0;

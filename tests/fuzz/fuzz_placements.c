@@ -34,9 +34,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   char a[512], b[512];
   FZ_CHECK(dtl_placements_format(p, n, a, sizeof a) == DTL_OK, "format: %s", dtl_last_error());
   size_t len = strlen(a);
-  FZ_CHECK(dtl_placements_format(p, n, b, len) == DTL_ERR_INVALID_ARGUMENT, "format into %zu bytes of %zu", len, len + 1);
+  FZ_CHECK(dtl_placements_format(p, n, b, len) == DTL_ERR_INVALID_ARGUMENT, "format into %zu bytes of %zu", len,
+           len + 1);
   FZ_CHECK(dtl_placements_format(p, n, b, len + 1) == DTL_OK && strcmp(a, b) == 0, "format into exactly strlen + 1");
-  FZ_CHECK(dtl_placements_parse(a, q, MAX, &m) == DTL_OK, "the formatted \"%s\" does not parse: %s", a, dtl_last_error());
+  FZ_CHECK(dtl_placements_parse(a, q, MAX, &m) == DTL_OK, "the formatted \"%s\" does not parse: %s", a,
+           dtl_last_error());
   FZ_CHECK(m == n, "\"%s\" parses to %d placements, the input to %d", a, m, n);
   for (int i = 0; i < n; i++) FZ_CHECK(same(p[i], q[i]), "entry %d differs after the round trip through \"%s\"", i, a);
   FZ_CHECK(dtl_placements_format(q, m, b, sizeof b) == DTL_OK && strcmp(a, b) == 0, "\"%s\" formats as \"%s\"", a, b);

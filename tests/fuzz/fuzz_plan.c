@@ -10,8 +10,7 @@
 #include "fuzz_input.h"
 
 static double fz_cost(fz_in *in) {
-  static const double values[] = {0,    5e-324, 1e-300, 1e-12, 2e-10, 2e-6, 1,       1e300, DBL_MAX,
-                                  -0.0, -1,     NAN,    INFINITY};
+  static const double values[] = {0, 5e-324, 1e-300, 1e-12, 2e-10, 2e-6, 1, 1e300, DBL_MAX, -0.0, -1, NAN, INFINITY};
   unsigned b = fz_byte(in);
   if (b < 0xf0) return values[b % (sizeof values / sizeof *values)];
   return fz_double(in);
@@ -70,7 +69,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   dtl_status st = dtl_layout_create(mesh, t, nd, shape, a, &src);
   if (st == DTL_OK) st = dtl_layout_create(mesh, t, nd, shape, b, &dst);
   if (st != DTL_OK) {
-    FZ_FAILED(st, "dtl_layout_create", DTL_ERR_INVALID_ARGUMENT, DTL_ERR_UNSUPPORTED); /* UNSUPPORTED: P(avg) of integers */
+    FZ_FAILED(st, "dtl_layout_create", DTL_ERR_INVALID_ARGUMENT,
+              DTL_ERR_UNSUPPORTED); /* UNSUPPORTED: P(avg) of integers */
   } else {
     const dtl_cost_model *c = mode & 0x18 ? &cost : NULL;
     const char *fn = c ? "dtl_plan_create_with_cost" : "dtl_plan_create";

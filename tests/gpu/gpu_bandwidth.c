@@ -17,13 +17,13 @@ enum { WARMUP = 3, RUNS = 20 };
 static int failures;
 static cudaStream_t stream;
 
-#define CUDA_TRY(call)                                                                                          \
-  do {                                                                                                          \
-    cudaError_t e_ = (call);                                                                                    \
-    if (e_ != cudaSuccess) {                                                                                    \
-      fprintf(stderr, "gpu_bandwidth: %s: %s\n", #call, cudaGetErrorString(e_));                              \
-      exit(1);                                                                                                  \
-    }                                                                                                           \
+#define CUDA_TRY(call)                                                           \
+  do {                                                                           \
+    cudaError_t e_ = (call);                                                     \
+    if (e_ != cudaSuccess) {                                                     \
+      fprintf(stderr, "gpu_bandwidth: %s: %s\n", #call, cudaGetErrorString(e_)); \
+      exit(1);                                                                   \
+    }                                                                            \
   } while (0)
 
 typedef enum { K_MEMCPY, K_BOX_CONTIG, K_BOX_STRIDED, K_MEMSET, K_FILL } kind;
@@ -123,15 +123,21 @@ int main(int argc, char **argv) {
     unsigned char *host = malloc(2 * b.bytes);
     for (size_t i = 0; i < 2 * b.bytes; i++) host[i] = (unsigned char)(i * 7 % 251);
     CUDA_TRY(cudaMemcpy(b.src, host, 2 * b.bytes, cudaMemcpyHostToDevice));
-    b.contig = (dtl__box_copy){.ndim = 1, .elem_size = 4, .extent = {(int64_t)floats}, .src_shape = {(int64_t)floats},
+    b.contig = (dtl__box_copy){.ndim = 1,
+                               .elem_size = 4,
+                               .extent = {(int64_t)floats},
+                               .src_shape = {(int64_t)floats},
                                .dst_shape = {(int64_t)floats}};
-    b.strided = (dtl__box_copy){.ndim = 2, .elem_size = 4, .extent = {rows, cols / 2}, .src_shape = {rows, cols},
+    b.strided = (dtl__box_copy){.ndim = 2,
+                                .elem_size = 4,
+                                .extent = {rows, cols / 2},
+                                .src_shape = {rows, cols},
                                 .dst_shape = {rows, cols / 2}};
     for (kind k = K_MEMCPY; k <= K_FILL; k++) verify(k, &b, host);
     double mc = measure(K_MEMCPY, &b), bc = measure(K_BOX_CONTIG, &b), bs = measure(K_BOX_STRIDED, &b),
            ms = measure(K_MEMSET, &b), fl = measure(K_FILL, &b);
-    printf("%4zu MiB  %12.1f %14.1f %8.2f %14.1f %8.2f %12.1f %12.1f %8.2f\n", b.bytes >> 20, mc, bc, bc / mc, bs, bs / mc,
-           ms, fl, fl / ms);
+    printf("%4zu MiB  %12.1f %14.1f %8.2f %14.1f %8.2f %12.1f %12.1f %8.2f\n", b.bytes >> 20, mc, bc, bc / mc, bs,
+           bs / mc, ms, fl, fl / ms);
     free(host);
     cudaFree(b.src);
     cudaFree(b.dst);

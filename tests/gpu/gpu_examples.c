@@ -102,8 +102,8 @@ static void collectives_worked_numbers_on_device(void) {
 /* An expert that returns its input: a device-to-device copy on the communicator's stream. */
 static dtl_status identity_expert(const dtl_moe_expert_batch *b, void *user) {
   size_t bytes = (size_t)(b->rows * b->hidden) * dtl_dtype_size(b->dtype);
-  cudaError_t e = bytes ? cudaMemcpyAsync(b->out, b->in, bytes, cudaMemcpyDeviceToDevice, *(cudaStream_t *)user)
-                        : cudaSuccess;
+  cudaError_t e =
+      bytes ? cudaMemcpyAsync(b->out, b->in, bytes, cudaMemcpyDeviceToDevice, *(cudaStream_t *)user) : cudaSuccess;
   return e == cudaSuccess ? DTL_OK : DTL_ERR_CUDA;
 }
 

@@ -30,8 +30,8 @@ static void routes_of_capped_step_prices_still_plan(void **state) {
   dtl_cost_model_default(DTL_MEMORY_HOST, &def);
   dtl_mesh *m = tp_mesh(4, (int[]){2, 2, 2, 2}, NULL);
   dtl_layout *src, *dst;
-  dtl_plan *p = plan_ok(m, DTL_INT8, 2, (int64_t[]){1000000000, 1000000000}, "S0,S1,S0,S1", "S1,S0,S1,S0", &def,
-                        &src, &dst);
+  dtl_plan *p =
+      plan_ok(m, DTL_INT8, 2, (int64_t[]){1000000000, 1000000000}, "S0,S1,S0,S1", "S1,S0,S1,S0", &def, &src, &dst);
   assert_true(p->nsteps >= 4);
   assert_true(dtl_plan_cost(p) > 4 * 1e5); /* at least four capped steps, each priced 2.9e5 s */
   dtl_plan_destroy(p);
@@ -44,8 +44,8 @@ static void routes_of_capped_step_prices_still_plan(void **state) {
   dtl_plan_destroy(p);
   dtl_layout_destroy(src);
   dtl_layout_destroy(dst);
-  const dtl_cost_model all_huge = {.mask = DTL__COST_ALL, .alpha_s = 1e300, .beta_s_per_byte = 1e300,
-                                   .local_beta_s_per_byte = 1e300};
+  const dtl_cost_model all_huge = {
+      .mask = DTL__COST_ALL, .alpha_s = 1e300, .beta_s_per_byte = 1e300, .local_beta_s_per_byte = 1e300};
   p = plan_ok(m, DTL_FLOAT32, 2, (int64_t[]){8, 8}, "P,R,S0,R", "S1,S0,R,P", &all_huge, &src, &dst);
   dtl_plan_destroy(p);
   dtl_layout_destroy(src);
@@ -67,8 +67,9 @@ static void free_collectives_plan_within_the_step_limit(void **state) {
   const dtl_placement alpha[] = {dtl_replicate(), dtl_shard(0), dtl_shard(1), dtl_shard(2), dtl_partial(DTL_SUM)};
   int len = 0;
   int64_t best = tp_brute_force(src, dst, &c, alpha, 5, DTL__MAX_PLAN_STEPS, &len, NULL);
-  if (planned != best) fail_msg("planner %lld ps in %d steps, exhaustive (depth %d) %lld ps in %d steps", (long long)planned,
-                                p->nsteps, DTL__MAX_PLAN_STEPS, (long long)best, len);
+  if (planned != best)
+    fail_msg("planner %lld ps in %d steps, exhaustive (depth %d) %lld ps in %d steps", (long long)planned, p->nsteps,
+             DTL__MAX_PLAN_STEPS, (long long)best, len);
   dtl_plan_destroy(p);
   dtl_layout_destroy(src);
   dtl_layout_destroy(dst);
@@ -92,8 +93,10 @@ static void extreme_cost_models_never_fail_internally(void **state) {
     for (int k = 0; k < 3; k++) {
       seed = seed * 1103515245u + 12345u;
       double v = values[(seed >> 16) % 4];
-      if (v < 0) c.mask &= ~(uint64_t)(DTL_COST_ALPHA << k);
-      else *f[k] = v;
+      if (v < 0)
+        c.mask &= ~(uint64_t)(DTL_COST_ALPHA << k);
+      else
+        *f[k] = v;
     }
     dtl_placement pl[2][DTL_MAX_MESH_DIMS];
     for (int e = 0; e < 2; e++)

@@ -94,10 +94,22 @@ static void every_local_entry_point_survives_each_failed_allocation(void) {
                                (dtl_placement[]){dtl_shard(0), dtl_shard(1), dtl_shard(2)}, &x.other));
   REQUIRE_OK(dtl_layout_with_placements(x.other, (dtl_placement[]){dtl_shard(2), dtl_shard(1), dtl_shard(0)}, &x.to));
   const dt_oom_case cases[] = {
-      {"dtl_mesh_create_abstract", mesh_abstract, mesh_untouched, mesh_undo, &x, false, false},
-      {"dtl_layout_create", layout_create, layout_untouched, layout_undo, &x, false, false},
-      {"dtl_layout_with_placements", layout_with, layout_untouched, layout_undo, &x, false, false},
-      {"dtl_plan_create", plan_create, plan_untouched, plan_undo, &x, false, false},
+      {.what = "dtl_mesh_create_abstract",
+       .call = mesh_abstract,
+       .untouched = mesh_untouched,
+       .undo = mesh_undo,
+       .ctx = &x},
+      {.what = "dtl_layout_create",
+       .call = layout_create,
+       .untouched = layout_untouched,
+       .undo = layout_undo,
+       .ctx = &x},
+      {.what = "dtl_layout_with_placements",
+       .call = layout_with,
+       .untouched = layout_untouched,
+       .undo = layout_undo,
+       .ctx = &x},
+      {.what = "dtl_plan_create", .call = plan_create, .untouched = plan_untouched, .undo = plan_undo, .ctx = &x},
   };
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) dt_oom_every_way(&cases[i], &tally);
   /* The step-limited search, from P,R,R,P: on a 3x2x4x3 mesh its cheapest free route has 17 steps. */
@@ -105,20 +117,31 @@ static void every_local_entry_point_survives_each_failed_allocation(void) {
   dtl_mesh *big;
   REQUIRE_OK(dtl_mesh_create_abstract(4, (int[]){3, 2, 4, 3}, NULL, &big));
   dtl_layout_destroy(x.other);
-  REQUIRE_OK(dtl_layout_create(big, DTL_FLOAT32, 3, (int64_t[]){1, 16, 8},
-                               (dtl_placement[]){dtl_partial(DTL_SUM), dtl_replicate(), dtl_replicate(), dtl_partial(DTL_SUM)}, &x.l));
-  REQUIRE_OK(dtl_layout_with_placements(x.l, (dtl_placement[]){dtl_shard(0), dtl_shard(0), dtl_shard(1), dtl_shard(1)}, &x.other));
-  const dt_oom_case limited = {"dtl_plan_create_with_cost (step-limited search)", plan_create_limited, plan_untouched,
-                               plan_undo, &x, false, false};
+  REQUIRE_OK(dtl_layout_create(
+      big, DTL_FLOAT32, 3, (int64_t[]){1, 16, 8},
+      (dtl_placement[]){dtl_partial(DTL_SUM), dtl_replicate(), dtl_replicate(), dtl_partial(DTL_SUM)}, &x.l));
+  REQUIRE_OK(dtl_layout_with_placements(x.l, (dtl_placement[]){dtl_shard(0), dtl_shard(0), dtl_shard(1), dtl_shard(1)},
+                                        &x.other));
+  const dt_oom_case limited = {.what = "dtl_plan_create_with_cost (step-limited search)",
+                               .call = plan_create_limited,
+                               .untouched = plan_untouched,
+                               .undo = plan_undo,
+                               .ctx = &x};
   dt_oom_every_way(&limited, &tally);
   REQUIRE_OK(plan_create_limited(&x));
-  const dt_oom_case explain = {"dtl_plan_explain", plan_explain, text_untouched, text_undo, &x, false, false};
+  const dt_oom_case explain = {
+      .what = "dtl_plan_explain", .call = plan_explain, .untouched = text_untouched, .undo = text_undo, .ctx = &x};
   dt_oom_every_way(&explain, &tally);
   dtl_plan_destroy(x.plan);
   dtl_layout_destroy(x.l);
   REQUIRE_OK(dtl_layout_create(big, DTL_FLOAT32, 2, (int64_t[]){9, 7},
-                               (dtl_placement[]){dtl_shard(0), dtl_replicate(), dtl_shard(1), dtl_partial(DTL_MAX)}, &x.l));
-  const dt_oom_case vis = {"dtl_layout_visualize", layout_visualize, text_untouched, text_undo, &x, false, false};
+                               (dtl_placement[]){dtl_shard(0), dtl_replicate(), dtl_shard(1), dtl_partial(DTL_MAX)},
+                               &x.l));
+  const dt_oom_case vis = {.what = "dtl_layout_visualize",
+                           .call = layout_visualize,
+                           .untouched = text_untouched,
+                           .undo = text_undo,
+                           .ctx = &x};
   dt_oom_every_way(&vis, &tally);
   dtl_layout_destroy(x.l);
   dtl_layout_destroy(x.other);
@@ -143,7 +166,8 @@ static void fresh(coll_ctx *x) {
   REQUIRE_OK(dtl_mesh_create(world, 1, &dt_size, &x->mesh));
   REQUIRE_OK(dtl_layout_create(x->mesh, DTL_FLOAT32, 2, (int64_t[]){N0, N1}, (dtl_placement[]){dtl_shard(0)}, &x->s0));
   REQUIRE_OK(dtl_layout_create(x->mesh, DTL_FLOAT32, 2, (int64_t[]){N0, N1}, (dtl_placement[]){dtl_shard(1)}, &x->s1));
-  REQUIRE_OK(dtl_layout_create(x->mesh, DTL_FLOAT32, 2, (int64_t[]){N0, N1}, (dtl_placement[]){dtl_replicate()}, &x->r));
+  REQUIRE_OK(
+      dtl_layout_create(x->mesh, DTL_FLOAT32, 2, (int64_t[]){N0, N1}, (dtl_placement[]){dtl_replicate()}, &x->r));
   REQUIRE_OK(dtl_plan_create(x->s0, x->s1, &x->plan));
   for (int i = 0; i < N0 * N1; i++) x->src[i] = x->dense[i] = (float)(i + 1);
   for (int i = 0; i < N0 * N1; i++) x->dst[i] = -7;
@@ -195,11 +219,41 @@ static void every_collective_entry_point_survives_each_failed_allocation_on_any_
   coll_ctx x;
   fresh(&x);
   const dt_oom_case cases[] = {
-      {"dtl_mesh_create", mesh_create, coll_untouched, coll_undo, &x, true, true},
-      {"dtl_plan_execute (first run: its workspace)", plan_execute, coll_untouched, coll_undo, &x, true, true},
-      {"dtl_redistribute (plans and caches)", redistribute, coll_untouched, coll_undo, &x, true, true},
-      {"dtl_distribute", distribute, coll_untouched, coll_undo, &x, true, true},
-      {"dtl_full_tensor", full_tensor, coll_untouched, coll_undo, &x, true, true},
+      {.what = "dtl_mesh_create",
+       .call = mesh_create,
+       .untouched = coll_untouched,
+       .undo = coll_undo,
+       .ctx = &x,
+       .collective = true,
+       .caches = true},
+      {.what = "dtl_plan_execute (first run: its workspace)",
+       .call = plan_execute,
+       .untouched = coll_untouched,
+       .undo = coll_undo,
+       .ctx = &x,
+       .collective = true,
+       .caches = true},
+      {.what = "dtl_redistribute (plans and caches)",
+       .call = redistribute,
+       .untouched = coll_untouched,
+       .undo = coll_undo,
+       .ctx = &x,
+       .collective = true,
+       .caches = true},
+      {.what = "dtl_distribute",
+       .call = distribute,
+       .untouched = coll_untouched,
+       .undo = coll_undo,
+       .ctx = &x,
+       .collective = true,
+       .caches = true},
+      {.what = "dtl_full_tensor",
+       .call = full_tensor,
+       .untouched = coll_untouched,
+       .undo = coll_undo,
+       .ctx = &x,
+       .collective = true,
+       .caches = true},
   };
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) dt_oom_every_way(&cases[i], &tally);
   release(&x);
@@ -211,7 +265,8 @@ int main(int argc, char **argv) {
   REQUIRE_OK(dtl_comm_from_mpi(MPI_COMM_WORLD, &world));
   RUN(every_local_entry_point_survives_each_failed_allocation);
   RUN(every_collective_entry_point_survives_each_failed_allocation_on_any_rank);
-  if (dt_rank == 0) printf("%ld calls, %ld of them failed by an injected allocation failure\n", tally.calls, tally.failures);
+  if (dt_rank == 0)
+    printf("%ld calls, %ld of them failed by an injected allocation failure\n", tally.calls, tally.failures);
   dtl_comm_destroy(world);
   return dt_finish();
 }

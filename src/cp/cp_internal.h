@@ -7,6 +7,7 @@
 #define DTL_CP_INTERNAL_H
 
 #include "attn/attn.h"
+#include "comm/agree.h"
 #include "attn/state.h"
 #include "layout/layout_internal.h"
 #include "dtl/cp.h"
@@ -115,5 +116,17 @@ void dtl__cp_state_reduce_needs(const dtl_cp_context *ctx, int64_t T, int64_t H,
 
 /* Seconds on a monotonic clock. */
 double dtl__cp_now(void);
+
+/* The agreement of a CP entry point under DTL_CHECK (agree.h), after its checks and scratch and before its
+ * first transfer: one rank's bad argument or failed allocation fails every rank instead of leaving the
+ * others in the ring or the merge. fp mixes the call's name and the sizes every rank must pass alike. */
+static inline dtl_status dtl__cp_agree(dtl_cp_context *ctx, const char *fn, int64_t a, int64_t b, int64_t c, int64_t d,
+                                       dtl_status local) {
+  return dtl__agree_checked(ctx->comm, fn,
+                            dtl__fp_mix(dtl__fp_mix(dtl__fp_mix(dtl__fp_mix(dtl__fp_str(0, fn), (uint64_t)a), (uint64_t)b),
+                                                    (uint64_t)c),
+                                        (uint64_t)d),
+                            local);
+}
 
 #endif

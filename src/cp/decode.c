@@ -4,10 +4,10 @@
  * all-gather of lse, one all-reduce of o). No key or value leaves its rank. */
 #include "cp/cp_internal.h"
 
-dtl_status dtl_cp_decode_attention(dtl_cp_context *ctx, const dtl_cp_decode_params *p, const void *q,
-                                   const void *k_cache, const void *v_cache, void *out, float *lse) {
-  static const char fn[] = "dtl_cp_decode_attention";
-  DTL_CHECK_ARG(ctx != NULL, fn, "ctx=NULL");
+/* The checks and the scratch of a decode call; *sp gets its core call. */
+static dtl_status dtl__cp_decode_prepare(dtl_cp_context *ctx, const char *fn, const dtl_cp_decode_params *p,
+                                         const void *q, const void *k_cache, const void *v_cache, void *out,
+                                         dtl__attn_shape *sp) {
   DTL_CHECK_ARG(p != NULL, fn, "params=NULL");
   DTL_TRY(dtl__check_bits(fn, "params.mask", p->mask, DTL__BITS(DTL_CP_SCALE, DTL_CP_KV_POSITIONS)));
   DTL_TRY(dtl__check_bits(fn, "params.flags", p->flags, DTL__BITS(DTL_CP_CAUSAL)));
@@ -41,7 +41,20 @@ dtl_status dtl_cp_decode_attention(dtl_cp_context *ctx, const dtl_cp_decode_para
   size_t bytes[3 + DTL__CP_REDUCE_SLOTS] = {(size_t)nq * sizeof(float), (size_t)(T * qh) * sizeof(float),
                                             dtl__cp_attend_scratch(ctx, &s)};
   dtl__cp_state_reduce_needs(ctx, T, qh, D, slots + 3, bytes + 3);
-  DTL_TRY(dtl__cp_scratch(ctx, fn, 3 + DTL__CP_REDUCE_SLOTS, slots, bytes));
+  *sp = s;
+  return dtl__cp_scratch(ctx, fn, 3 + DTL__CP_REDUCE_SLOTS, slots, bytes);
+}
+
+dtl_status dtl_cp_decode_attention(dtl_cp_context *ctx, const dtl_cp_decode_params *p, const void *q,
+                                   const void *k_cache, const void *v_cache, void *out, float *lse) {
+  static const char fn[] = "dtl_cp_decode_attention";
+  DTL_CHECK_ARG(ctx != NULL, fn, "ctx=NULL");
+  dtl__attn_shape s;
+  dtl_status ready = dtl__cp_decode_prepare(ctx, fn, p, q, k_cache, v_cache, out, &s);
+  /* kv_tokens differs between ranks by design: not part of what must agree. */
+  DTL_TRY(dtl__cp_agree(ctx, fn, p ? p->tokens : 0, p ? p->q_heads : 0, p ? p->kv_heads * p->head_dim : 0,
+                        p ? p->q_pos0 * 2 + (p->flags & DTL_CP_CAUSAL ? 1 : 0) : 0, ready));
+  const int64_t T = p->tokens, qh = p->q_heads, D = p->head_dim, qw = qh * D;
   float *part = ctx->ws[DTL__CP_WS_PART], *part_lse = ctx->ws[DTL__CP_WS_LSE2];
   DTL_TRY(dtl__cp_attend(ctx, &s, q, k_cache, v_cache, part, part_lse, ctx->ws[DTL__CP_WS_CORE],
                          ctx->ws_bytes[DTL__CP_WS_CORE]));

@@ -80,13 +80,14 @@ static dtl_status dtl__cp_ring_block(dtl_cp_context *ctx, const dtl__cp_args *a,
   return DTL_OK;
 }
 
-dtl_status dtl_cp_ring_attention(dtl_cp_context *ctx, const dtl_cp_attention_params *p, const void *q, const void *k,
-                                 const void *v, void *out, float *lse) {
-  static const char fn[] = "dtl_cp_ring_attention";
-  dtl__cp_args a;
-  DTL_TRY(dtl__cp_attention_args(ctx, fn, p, q, k, v, out, &a));
-  const int P = ctx->size, r = ctx->rank;
-  int64_t nmax = 0, cmax = 0; /* the most rows a rank holds, the longest segment */
+/* The checks and the scratch of a ring call: *nmax the most rows a rank holds, *cmax the longest segment. */
+static dtl_status dtl__cp_ring_prepare(dtl_cp_context *ctx, const char *fn, const dtl_cp_attention_params *p,
+                                       const void *q, const void *k, const void *v, void *out, dtl__cp_args *ap,
+                                       int64_t *nmax_out, int64_t *cmax_out) {
+  DTL_TRY(dtl__cp_attention_args(ctx, fn, p, q, k, v, out, ap));
+  const dtl__cp_args a = *ap;
+  const int P = ctx->size;
+  int64_t nmax = 0, cmax = 0;
   for (int j = 0; j < P; j++) {
     dtl__cp_seg seg[2];
     int64_t nj;
@@ -105,7 +106,21 @@ dtl_status dtl_cp_ring_attention(dtl_cp_context *ctx, const dtl_cp_attention_par
   const size_t bytes[] = {block, block, (size_t)(a.n * a.qw) * sizeof(float), (size_t)(a.n * a.qh) * sizeof(float),
                           (size_t)(cmax * a.qw) * sizeof(float), (size_t)(cmax * a.qh) * sizeof(float),
                           dtl__cp_attend_scratch(ctx, &big)};
-  DTL_TRY(dtl__cp_scratch(ctx, fn, 7, slots, bytes));
+  *nmax_out = nmax;
+  *cmax_out = cmax;
+  return dtl__cp_scratch(ctx, fn, 7, slots, bytes);
+}
+
+dtl_status dtl_cp_ring_attention(dtl_cp_context *ctx, const dtl_cp_attention_params *p, const void *q, const void *k,
+                                 const void *v, void *out, float *lse) {
+  static const char fn[] = "dtl_cp_ring_attention";
+  DTL_CHECK_ARG(ctx != NULL, fn, "ctx=NULL");
+  dtl__cp_args a;
+  int64_t nmax = 0, cmax = 0;
+  dtl_status ready = dtl__cp_ring_prepare(ctx, fn, p, q, k, v, out, &a, &nmax, &cmax);
+  DTL_TRY(dtl__cp_agree(ctx, fn, p ? p->tokens : 0, p ? p->q_heads : 0, p ? p->kv_heads * p->head_dim : 0,
+                        p ? (int64_t)p->layout * 2 + (p->flags & DTL_CP_CAUSAL ? 1 : 0) : 0, ready));
+  const int P = ctx->size, r = ctx->rank;
 
   memset(&ctx->stats, 0, sizeof ctx->stats);
   double t_start = dtl__cp_now(), comm = 0.0;

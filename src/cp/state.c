@@ -82,10 +82,10 @@ dtl_status dtl__cp_state_reduce(dtl_cp_context *ctx, const char *fn, int64_t T, 
   return DTL_OK;
 }
 
-dtl_status dtl_cp_state_reduce(dtl_cp_context *ctx, int64_t T, int64_t H, int64_t D, const void *o, const float *lse,
-                               dtl_placement out_placement, void *out, float *out_lse) {
-  static const char fn[] = "dtl_cp_state_reduce";
-  DTL_CHECK_ARG(ctx != NULL, fn, "ctx=NULL");
+/* The checks and the scratch of a collective merge. */
+static dtl_status dtl__cp_state_reduce_prepare(dtl_cp_context *ctx, const char *fn, int64_t T, int64_t H, int64_t D,
+                                               const void *o, const float *lse, dtl_placement out_placement,
+                                               void *out) {
   int64_t n;
   DTL_CHECK_ARG(T >= 0 && H >= 0 && D >= 0, fn, "T=%lld H=%lld D=%lld (expected >= 0)", (long long)T, (long long)H,
                 (long long)D);
@@ -100,5 +100,17 @@ dtl_status dtl_cp_state_reduce(dtl_cp_context *ctx, int64_t T, int64_t H, int64_
   DTL_CHECK_ARG(n == 0 || o != NULL, fn, "o=NULL");
   DTL_CHECK_ARG(T * H == 0 || lse != NULL, fn, "lse=NULL");
   DTL_CHECK_ARG(rows * H * D == 0 || out != NULL, fn, "out=NULL");
-  return dtl__cp_state_reduce(ctx, fn, T, H, D, o, H * D, false, lse, shard, out, out_lse);
+  dtl__cp_ws slots[DTL__CP_REDUCE_SLOTS];
+  size_t bytes[DTL__CP_REDUCE_SLOTS];
+  dtl__cp_state_reduce_needs(ctx, T, H, D, slots, bytes);
+  return dtl__cp_scratch(ctx, fn, DTL__CP_REDUCE_SLOTS, slots, bytes);
+}
+
+dtl_status dtl_cp_state_reduce(dtl_cp_context *ctx, int64_t T, int64_t H, int64_t D, const void *o, const float *lse,
+                               dtl_placement out_placement, void *out, float *out_lse) {
+  static const char fn[] = "dtl_cp_state_reduce";
+  DTL_CHECK_ARG(ctx != NULL, fn, "ctx=NULL");
+  dtl_status ready = dtl__cp_state_reduce_prepare(ctx, fn, T, H, D, o, lse, out_placement, out);
+  DTL_TRY(dtl__cp_agree(ctx, fn, T, H, D, out_placement.kind * 64 + out_placement.dim, ready));
+  return dtl__cp_state_reduce(ctx, fn, T, H, D, o, H * D, false, lse, out_placement.kind == DTL_SHARD, out, out_lse);
 }

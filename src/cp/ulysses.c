@@ -38,14 +38,16 @@ static dtl_status dtl__cp_by_segments(dtl_cp_context *ctx, const dtl__cp_args *a
   return DTL_OK;
 }
 
-dtl_status dtl_cp_ulysses_attention(dtl_cp_context *ctx, const dtl_cp_attention_params *p, const void *q,
-                                    const void *k, const void *v, void *out, float *lse) {
-  static const char fn[] = "dtl_cp_ulysses_attention";
-  dtl__cp_args a;
-  DTL_TRY(dtl__cp_attention_args(ctx, fn, p, q, k, v, out, &a));
+/* The checks and the scratch of a Ulysses call: *mq and *mk this rank's heads, *s its core call. */
+static dtl_status dtl__cp_ulysses_prepare(dtl_cp_context *ctx, const char *fn, const dtl_cp_attention_params *p,
+                                          const void *q, const void *k, const void *v, void *out, float *lse,
+                                          dtl__cp_args *ap, dtl__attn_range *mqp, dtl__attn_range *mkp,
+                                          dtl__attn_shape *sp) {
+  DTL_TRY(dtl__cp_attention_args(ctx, fn, p, q, k, v, out, ap));
+  const dtl__cp_args a = *ap;
   const int P = ctx->size, r = ctx->rank;
-  dtl__attn_range mq, mk;
-  DTL_TRY(dtl__attn_heads(fn, "cp", a.qh, a.kvh, P, r, &mq, &mk));
+  DTL_TRY(dtl__attn_heads(fn, "cp", a.qh, a.kvh, P, r, mqp, mkp));
+  const dtl__attn_range mq = *mqp, mk = *mkp;
   const int64_t D = a.D, T = a.T, n = a.n, w = (mq.count + 2 * mk.count) * D; /* a row of this rank's q|k|v */
   int64_t out_cols = 0; /* sum over ranks of the q|k|v columns each receives from this rank */
   for (int j = 0; j < P; j++) {
@@ -65,7 +67,23 @@ dtl_status dtl_cp_ulysses_attention(dtl_cp_context *ctx, const dtl_cp_attention_
                           (size_t)(T * mq.count * D) * e, lse ? (size_t)(T * mq.count) * f : 0,
                           lse ? (size_t)(T * mq.count) * f : 0, lse ? (size_t)(n * a.qh) * f : 0,
                           dtl__cp_attend_scratch(ctx, &s)};
-  DTL_TRY(dtl__cp_scratch(ctx, fn, 8, slots, bytes));
+  *sp = s;
+  return dtl__cp_scratch(ctx, fn, 8, slots, bytes);
+}
+
+dtl_status dtl_cp_ulysses_attention(dtl_cp_context *ctx, const dtl_cp_attention_params *p, const void *q,
+                                    const void *k, const void *v, void *out, float *lse) {
+  static const char fn[] = "dtl_cp_ulysses_attention";
+  DTL_CHECK_ARG(ctx != NULL, fn, "ctx=NULL");
+  dtl__cp_args a;
+  dtl__attn_range mq = {0, 0}, mk = {0, 0};
+  dtl__attn_shape s;
+  dtl_status ready = dtl__cp_ulysses_prepare(ctx, fn, p, q, k, v, out, lse, &a, &mq, &mk, &s);
+  DTL_TRY(dtl__cp_agree(ctx, fn, p ? p->tokens : 0, p ? p->q_heads : 0, p ? p->kv_heads * p->head_dim : 0,
+                        p ? (int64_t)p->layout * 2 + (p->flags & DTL_CP_CAUSAL ? 1 : 0) : 0, ready));
+  const int P = ctx->size;
+  const int64_t D = a.D, T = a.T, n = a.n, w = (mq.count + 2 * mk.count) * D;
+  size_t e = ctx->elem, f = sizeof(float);
   char *send = ctx->ws[DTL__CP_WS_KV0], *recv = ctx->ws[DTL__CP_WS_KV1], *full = ctx->ws[DTL__CP_WS_ACC];
   char *o = ctx->ws[DTL__CP_WS_PART];
   float *l = ctx->ws[DTL__CP_WS_LSE], *lsend = ctx->ws[DTL__CP_WS_LSE2], *lrecv = ctx->ws[DTL__CP_WS_LSE3];

@@ -75,7 +75,7 @@ bench: build
 	for np in 1 2; do $(MPIRUN) -n $$np $(BUILD)/bench/dtl_tp_perf || exit 1; done
 	for np in 2 4; do $(MPIRUN) -n $$np $(BUILD)/bench/dtl_moe_perf -b 64 -e 2K -f 2 || exit 1; done
 	for np in 1 2 4; do $(MPIRUN) -n $$np $(BUILD)/bench/dtl_load_perf -s 256M -n 3 || exit 1; done
-	for np in 1 2 4; do $(MPIRUN) -n $$np $(BUILD)/examples/generate -n 5 -w 1 || exit 1; done
+	for np in 1 2 4; do $(MPIRUN) -n $$np $(BUILD)/examples/generate -n 20 -w 2 || exit 1; done
 
 install: build
 	cmake --install $(BUILD) --prefix $(PREFIX)

@@ -122,10 +122,13 @@ static dtl__attn_shape dtl__tp_attn_shape_of(const dtl_tp_attention *a, int64_t 
                            .ldo = qn * D, .q_pos0 = past, .causal = true, .scale = a->scale};
 }
 
-/* The scratch bytes (DTL__TP_WS_AUX) the attention core takes for that view. */
+/* The scratch bytes (DTL__TP_WS_AUX) the attention core takes for that view; with a cache, for the keys of a
+ * full cache: the most any call of T tokens may need, so that the context's scratch stops growing after the
+ * first decode step instead of growing with every token (the core tiles by the scratch it is given). */
 static size_t dtl__tp_attend_bytes(const dtl_tp_attention *a, int64_t T, const dtl_tp_kv_cache *c) {
   dtl__attn_shape s = dtl__tp_attn_shape_of(a, T, c);
   if (T == 0 || s.qn == 0) return 0;
+  if (c) s.tk = c->max_tokens;
   return dtl__attn_scratch_bytes(&s, dtl__tp_on_device(a->ctx) ? DTL_MEMORY_DEVICE : DTL_MEMORY_HOST);
 }
 

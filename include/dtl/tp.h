@@ -265,7 +265,9 @@ DTL_API void dtl_tp_attention_destroy(dtl_tp_attention *a);
 /* A KV cache of one attention block for autoregressive decoding: this rank's kv heads (dtl_tp_attention_heads:
  * its share of them, or the one replicated kv head when tp > kv_heads), keys and values of up to max_tokens
  * tokens each ([max_tokens, kv.count * head_dim] twice), in the TP communicator's memory, allocated once at
- * creation, so that no forward allocates for it. Keys are stored after RoPE. The cache's length (tokens
+ * creation. A cached forward sizes the context's scratch for a full cache, so once a call with as many tokens
+ * (or more) has run, the next ones allocate nothing: decode steps after a prefill never do. Keys are stored
+ * after RoPE. The cache's length (tokens
  * held) is the same on every TP rank as long as every rank makes the same calls.
  * Creation is collective over the TP group and agreed (one rank's bad argument or missing memory fails every
  * rank); destroy the cache before its block. Length and reset are local: every TP rank must reset alike. */

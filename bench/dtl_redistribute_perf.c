@@ -7,9 +7,9 @@
  * per-round ratios dtl/raw (robust to load that comes and goes on a shared machine). #wrong checks dtl's
  * result.
  * Then the cached-plan overhead: dtl_redistribute minus dtl_plan_execute of the same prebuilt plan (a
- * one-element R->R plan, so no communication hides it), and the cost of DTL_CHECK per call: the same small
- * redistributions on a mesh whose communicator was made with DTL_CHECK=0 and on one made with DTL_CHECK=1
- * (target: < 2 us per call).
+ * one-element R->R plan, so no communication hides it), and both calls' time on a plan of one local step (R->S0);
+ * the cost of DTL_CHECK per call: the same small redistributions on a mesh whose communicator was made with
+ * DTL_CHECK=0 and on one made with DTL_CHECK=1 (target: < 2 us per call).
  * Targets (issue 3): ratio <= 1.05 where the shard is contiguous (S0->R, P->R, P->S0), <= 1.25 for S1->R and
  * S0->S1 from 1 MiB; cached-plan overhead < 1 us. S1->R and S0->S1 pay one local pass over the shard (unpack
  * or pack), on one node the same cost class as the shared-memory transfer itself.
@@ -118,37 +118,84 @@ static dtl_placement parse1(const char *t) {
   return p;
 }
 
-/* Cached-plan overhead: per-call time of dtl_redistribute minus that of dtl_plan_execute on the same plan. */
-static void overhead(dtl_mesh *mesh) {
-  int64_t shape[1] = {1};
-  dtl_placement r = dtl_replicate();
+/* Per-call time (best of 5 rounds) of dtl_redistribute and of dtl_plan_execute on the same prebuilt plan from
+ * placement `from` to `to` of an n-element f32 vector (plans with no collective, so no communication hides
+ * the host-side work). */
+static void per_call(dtl_mesh *mesh, const char *from, const char *to, int64_t n, double *redistribute_s,
+                     double *execute_s) {
+  int64_t shape[1] = {n};
+  dtl_placement pa = parse1(from), pb = parse1(to);
   dtl_layout *a, *b;
-  dtl_layout_create(mesh, DTL_FLOAT32, 1, shape, &r, &a);
-  dtl_layout_create(mesh, DTL_FLOAT32, 1, shape, &r, &b);
+  dtl_layout_create(mesh, DTL_FLOAT32, 1, shape, &pa, &a);
+  dtl_layout_create(mesh, DTL_FLOAT32, 1, shape, &pb, &b);
   dtl_plan *plan;
   dtl_plan_create(a, b, &plan);
-  float x = 1, y = 0;
+  float *x = calloc((size_t)n, sizeof *x), *y = calloc((size_t)n, sizeof *y);
   const int iters = 200000;
   double best_r = 1e9, best_e = 1e9;
   for (int round = 0; round < 5; round++) {
     struct timespec t0, t1, t2;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    for (int i = 0; i < iters; i++) dtl_redistribute(a, &x, b, &y);
+    for (int i = 0; i < iters; i++) dtl_redistribute(a, x, b, y);
     clock_gettime(CLOCK_MONOTONIC, &t1);
-    for (int i = 0; i < iters; i++) dtl_plan_execute(plan, &x, &y);
+    for (int i = 0; i < iters; i++) dtl_plan_execute(plan, x, y);
     clock_gettime(CLOCK_MONOTONIC, &t2);
     double tr = ((double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec)) / iters;
     double te = ((double)(t2.tv_sec - t1.tv_sec) + 1e-9 * (double)(t2.tv_nsec - t1.tv_nsec)) / iters;
     if (tr < best_r) best_r = tr;
     if (te < best_e) best_e = te;
   }
-  if (rank == 0)
-    printf("# cached-plan overhead (rank 0, 1-element R->R plan, best of 5 rounds of %d calls):\n"
-           "#   dtl_redistribute %.1f ns/call, dtl_plan_execute %.1f ns/call, overhead %.1f ns/call (target < 1000)\n",
-           iters, best_r * 1e9, best_e * 1e9, (best_r - best_e) * 1e9);
+  *redistribute_s = best_r;
+  *execute_s = best_e;
+  free(x);
+  free(y);
   dtl_plan_destroy(plan);
   dtl_layout_destroy(a);
   dtl_layout_destroy(b);
+}
+
+/* Seconds per uncached dtl_plan_create + destroy on this (real) mesh, best of 5 rounds: creation compiles what
+ * execution needs for this rank (boxes, peer tables, buffer placement), which abstract meshes skip. */
+static double create_time(dtl_mesh *mesh, const char *from, const char *to) {
+  int64_t shape[2] = {4096, 4096};
+  dtl_placement pa = parse1(from), pb = parse1(to);
+  dtl_layout *a, *b;
+  dtl_layout_create(mesh, DTL_FLOAT32, 2, shape, &pa, &a);
+  dtl_layout_create(mesh, DTL_FLOAT32, 2, shape, &pb, &b);
+  const int iters = 2000;
+  double best = 1e9;
+  for (int round = 0; round < 5; round++) {
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (int i = 0; i < iters; i++) {
+      dtl_plan *plan;
+      dtl_plan_create(a, b, &plan);
+      dtl_plan_destroy(plan);
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double t = ((double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec)) / iters;
+    if (t < best) best = t;
+  }
+  dtl_layout_destroy(a);
+  dtl_layout_destroy(b);
+  return best;
+}
+
+/* Cached-plan overhead: dtl_redistribute minus dtl_plan_execute on a one-element R->R plan (no steps); then
+ * the driver's own per-call cost on a plan with one local step (R->S0 of 4p elements, a slice). */
+static void overhead(dtl_mesh *mesh) {
+  double r0, e0, r1, e1;
+  per_call(mesh, "R", "R", 1, &r0, &e0);
+  per_call(mesh, "R", "S(0)", 4 * (int64_t)nranks, &r1, &e1);
+  if (rank == 0)
+    printf("# cached-plan overhead (rank 0, 1-element R->R plan, best of 5 rounds of 200000 calls):\n"
+           "#   dtl_redistribute %.1f ns/call, dtl_plan_execute %.1f ns/call, overhead %.1f ns/call (target < 1000)\n"
+           "# one local step (R->S0, %d elements): dtl_redistribute %.1f ns/call, dtl_plan_execute %.1f ns/call\n",
+           r0 * 1e9, e0 * 1e9, (r0 - e0) * 1e9, 4 * nranks, r1 * 1e9, e1 * 1e9);
+  double c0 = create_time(mesh, "S(0)", "R"), c1 = create_time(mesh, "S(0)", "S(1)");
+  if (rank == 0)
+    printf("# uncached dtl_plan_create + destroy on this mesh, f32 [4096,4096]: S0->R %.2f us, S0->S1 %.2f us\n",
+           c0 * 1e6, c1 * 1e6);
 }
 
 /* Per-call time of dtl_redistribute with DTL_CHECK off and on: many short rounds of back-to-back calls on

@@ -195,9 +195,14 @@ typedef struct {
   dtl_memory memory;
   const void *in;
   void *out;
+  const dtl_moe_layout *layout; /* the layout being run (NULL in a batch made by hand) */
 } dtl_moe_expert_batch;
 /* User code for one expert. A status other than DTL_OK stops dtl_moe_experts_run, which returns it. */
 typedef dtl_status (*dtl_moe_expert_fn)(const dtl_moe_expert_batch *b, void *user);
+/* Scratch for an expert callback: *out gets at least bytes in the batch's memory, valid until the callback
+ * returns (a later call may hand out the same buffer; contents are not kept). It belongs to the layout and
+ * only grows, so repeated dtl_moe_experts_run calls allocate nothing once warm. b->layout must be set. */
+DTL_API dtl_status dtl_moe_expert_scratch(const dtl_moe_expert_batch *b, size_t bytes, void **out);
 
 /* Local. Calls fn once per local expert, in local order, also for experts that received no rows (rows 0).
  * A failing rank must still take part in the combine its peers call (or they wait). With DTL_CHECK on
@@ -210,7 +215,8 @@ DTL_API dtl_status dtl_moe_experts_run(const dtl_moe_layout *L, const void *expe
  * with W_gate, W_up [ffn, hidden] and W_down [hidden, ffn], row-major f32, one set per local expert
  * (arrays indexed by the local index), through the GEMM of the tensor-parallel layers. Like those layers it
  * computes on the host in DTL_FLOAT32 (DTL_ERR_UNSUPPORTED otherwise; device experts are user callbacks).
- * Use as dtl_moe_experts_run(L, in, out, dtl_moe_mlp_forward, &mlp). */
+ * Use as dtl_moe_experts_run(L, in, out, dtl_moe_mlp_forward, &mlp): its activations then live in the
+ * layout's expert scratch (a batch without a layout allocates them per call). */
 typedef struct {
   int64_t hidden, ffn;
   int local_experts; /* entries in each array below */

@@ -57,13 +57,27 @@ DTL_API dtl_status dtl_plan_create(const dtl_layout *src, const dtl_layout *dst,
 DTL_API dtl_status dtl_plan_create_with_cost(const dtl_layout *src, const dtl_layout *dst, const dtl_cost_model *cost,
                                              dtl_plan **out);
 /* Collective over the mesh. src_local is this rank's shard of src (never written); dst_local receives this
- * rank's shard of dst. src_local == dst_local is rejected unless the plan is purely local. Every check and
- * the scratch allocation come before the first step; with DTL_CHECK on the mesh's communicator the ranks then
+ * rank's shard of dst. src_local == dst_local is rejected unless the plan is purely local. Everything the
+ * execution derives (boxes, peer lists, chunking, where each intermediate lives) was computed by
+ * dtl_plan_create, so a call reads no environment and allocates nothing, except that a plan's first execution
+ * allocates its own workspace (dtl_plan_scratch_bytes bytes in the mesh communicator's memory, kept until
+ * dtl_plan_destroy). A plan runs one call at a time, like every call on one mesh. Every check and the
+ * workspace allocation come before the first step; with DTL_CHECK on the mesh's communicator the ranks then
  * agree on the plan (layouts, mesh, steps, resolved cost model) and on each other's verdict, so a bad buffer,
  * another plan or another cost model (DTL_PLAN_TUNE) on one rank fails every rank. Planning is local: a rank
  * whose dtl_plan_create failed must not leave its peers executing (dtl_redistribute plans inside the
  * agreement, so there a planning failure on one rank fails every rank under DTL_CHECK). */
 DTL_API dtl_status dtl_plan_execute(const dtl_plan *p, const void *src_local, void *dst_local);
+/* The same with scratch from the caller, so that an engine can place it (and replay the plan, e.g. inside a
+ * CUDA graph, with no allocation at all): ws holds ws_bytes bytes in the mesh communicator's memory, aligned
+ * for the plan's dtype, which the call may overwrite. ws_bytes below what the call needs is
+ * DTL_ERR_INVALID_ARGUMENT naming the bytes needed; ws may be NULL when that is 0. The plan's own workspace is
+ * never allocated by this form. */
+DTL_API dtl_status dtl_plan_execute_with_workspace(const dtl_plan *p, const void *src_local, void *dst_local, void *ws,
+                                                   size_t ws_bytes);
+/* Workspace bytes that suffice for every call of dtl_plan_execute_with_workspace on this rank: the scratch
+ * figure below, or more for a purely local plan run in place (src_local == dst_local). 0 for NULL. */
+DTL_API size_t dtl_plan_workspace_bytes(const dtl_plan *p);
 /* EXPLAIN-style text: one line per step (mesh dim, collective, tensor dims, bytes sent/received per rank,
  * estimated time) and the total. A too-small buffer is DTL_ERR_INVALID_ARGUMENT naming the size needed,
  * which dtl_plan_explain_needed returns (including the NUL). */
@@ -74,7 +88,8 @@ DTL_API int dtl_plan_num_steps(const dtl_plan *p);
 DTL_API int dtl_plan_num_collectives(const dtl_plan *p);
 /* Estimated seconds under the plan's cost model. */
 DTL_API double dtl_plan_cost(const dtl_plan *p);
-/* Temporary memory one execution allocates on this rank, in bytes, exactly (one buffer; 0 = none). A plan of
+/* Scratch memory one execution with distinct source and destination buffers uses on this rank, in bytes,
+ * exactly (one buffer, which the plan's first such dtl_plan_execute allocates; 0 = none). A plan of
  * one step needs at most the larger of the local source and target shards. A plan of several steps needs
  * more only when an intermediate shard is larger than both ends (e.g. [S0,S1] -> [S1,S0] passes through
  * [S0,R]) or a packed buffer must sit beside an intermediate; it stays below three times the largest shard

@@ -10,9 +10,20 @@
 #include "common/half.h"
 #include "dtl/mpi.h"
 
+typedef struct dtl__mpi_request dtl__mpi_request;
+
+/* A nonblocking call's request is kept for reuse once waited for, at most this many per communicator, so
+ * that a steady stream of nonblocking calls allocates nothing. */
+#define DTL__MPI_POOL 8
+
 typedef struct {
   MPI_Comm comm;
   MPI_Op half_op[2][4]; /* [f16|bf16][sum, prod, max, min], applied to MPI_UINT16_T */
+  /* The int counts and displacements of a blocking v-collective (4 x size: two arrays of each), sized once:
+   * calls on one communicator are never concurrent, and a blocking call is done with them when it returns. */
+  int *counts;
+  dtl__mpi_request *pool; /* waited-for requests, each with its own 4 x size ints, linked through next */
+  int pooled;
 } dtl__mpi;
 
 static dtl__mpi *dtl__mpi_of(const dtl_comm *c) { return (dtl__mpi *)c->impl; }
@@ -92,7 +103,7 @@ typedef struct {
   const char *fn;
   bool nonblocking;
   MPI_Request req;
-  int *counts; /* int counts and displacements that MPI reads until completion */
+  int *counts; /* int counts and displacements that MPI reads until completion (NULL: the communicator's) */
   void *avg_buf;
   size_t avg_count;
   dtl_dtype avg_type;
@@ -117,16 +128,8 @@ static void dtl__mpi_avg_after(dtl__mpi_call *k, dtl_reduce_op op, void *buf, si
 
 /* Concludes the MPI call that returned rc: a blocking call is finished here, a nonblocking one in wait. */
 static dtl_status dtl__mpi_issued(dtl__mpi_call *k, int rc) {
-  if (rc != MPI_SUCCESS) {
-    dtl__free(k->counts);
-    k->counts = NULL;
-    return dtl__mpi_error(k->fn, rc);
-  }
-  if (!k->nonblocking) {
-    dtl__mpi_after(k);
-    dtl__free(k->counts);
-    k->counts = NULL;
-  }
+  if (rc != MPI_SUCCESS) return dtl__mpi_error(k->fn, rc);
+  if (!k->nonblocking) dtl__mpi_after(k);
   return DTL_OK;
 }
 
@@ -138,22 +141,18 @@ static dtl_status dtl__int_count(const char *fn, size_t count, int *out) {
 }
 
 /* Converts per-rank counts to int counts and displacements (displs, named displs_arg, or packed in rank order
- * when NULL), into k->counts (n counts then n displacements; with a second array, 4n ints). */
+ * when NULL), into k->counts (n counts then n displacements; with a second array, 4n ints): a nonblocking
+ * call's own arrays, or the communicator's for a blocking one. */
 static dtl_status dtl__int_counts(dtl__mpi_call *k, const dtl_comm *c, const char *arg, const size_t *counts,
                                   const char *displs_arg, const size_t *displs, int slot, int **out_counts,
                                   int **out_displs) {
   size_t n = (size_t)c->size;
-  if (!k->counts) {
-    k->counts = dtl__malloc(sizeof(int) * n * 4);
-    if (!k->counts) return dtl__error(DTL_ERR_OUT_OF_MEMORY, "%s: out of host memory", k->fn);
-  }
+  if (!k->counts) k->counts = dtl__mpi_of(c)->counts;
   int *ic = k->counts + (size_t)slot * 2 * n, *id = ic + n;
   size_t off = 0;
   for (int i = 0; i < c->size; i++) {
     if (displs) off = displs[i];
     if (counts[i] > (size_t)INT_MAX || off > (size_t)INT_MAX) {
-      dtl__free(k->counts);
-      k->counts = NULL;
       if (displs && counts[i] <= (size_t)INT_MAX)
         return dtl__error(DTL_ERR_UNSUPPORTED, "%s: %s[%d]=%zu exceeds INT_MAX, the largest displacement one MPI call "
                           "takes", k->fn, displs_arg, i, off);
@@ -393,28 +392,53 @@ typedef struct {
   bool done;
 } dtl__mpi_pair;
 
-typedef struct {
+/* A request and the count arrays its call's MPI request reads until it completes (4 x size ints after it). */
+struct dtl__mpi_request {
   struct dtl_request base;
   dtl__mpi_call call;
   bool is_pair; /* a sendrecv: pair below, not call.req */
   dtl__mpi_pair pair;
-} dtl__mpi_request;
+  dtl__mpi_request *next; /* in the communicator's pool */
+};
 
+static int *dtl__mpi_request_counts(dtl__mpi_request *r) { return (int *)(r + 1); }
+
+/* From the communicator's pool when it has one, else allocated. */
 static dtl_status dtl__mpi_request_new(dtl_comm *c, const char *fn, dtl__mpi_request **out) {
-  dtl__mpi_request *r = dtl__calloc(1, sizeof *r);
-  if (!r) return dtl__error(DTL_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
+  dtl__mpi *m = dtl__mpi_of(c);
+  dtl__mpi_request *r = m->pool;
+  if (r) {
+    m->pool = r->next;
+    m->pooled--;
+  } else if (!(r = dtl__malloc(sizeof *r + sizeof(int) * 4 * (size_t)c->size))) {
+    return dtl__error(DTL_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
+  }
+  memset(r, 0, sizeof *r);
   r->base.comm = c;
   r->call.fn = fn;
   r->call.nonblocking = true;
   r->call.req = MPI_REQUEST_NULL;
+  r->call.counts = dtl__mpi_request_counts(r);
   *out = r;
   return DTL_OK;
 }
 
-/* Hands the started request out, or frees it when the start failed. */
+/* Back into the pool (or freed when it is full). */
+static void dtl__mpi_request_done(dtl__mpi_request *r) {
+  dtl__mpi *m = dtl__mpi_of(r->base.comm);
+  if (m->pooled >= DTL__MPI_POOL) {
+    dtl__free(r);
+    return;
+  }
+  r->next = m->pool;
+  m->pool = r;
+  m->pooled++;
+}
+
+/* Hands the started request out, or returns it when the start failed. */
 static dtl_status dtl__mpi_started(dtl__mpi_request *r, dtl_status st, dtl_request **out) {
   if (st != DTL_OK) {
-    dtl__free(r);
+    dtl__mpi_request_done(r);
     return st;
   }
   *out = &r->base;
@@ -469,8 +493,7 @@ static dtl_status mpi_wait(dtl_request *req) {
   dtl_status st = DTL_OK;
   if (rc == MPI_SUCCESS) dtl__mpi_after(&r->call);
   else st = dtl__mpi_error(r->call.fn, rc);
-  dtl__free(r->call.counts);
-  dtl__free(r);
+  dtl__mpi_request_done(r);
   return st;
 }
 
@@ -553,7 +576,7 @@ static dtl_status mpi_sendrecv_async(dtl_comm *c, const void *send, size_t send_
       MPI_Cancel(&r->pair.reqs[0]);
       MPI_Wait(&r->pair.reqs[0], MPI_STATUS_IGNORE);
     }
-    dtl__free(r);
+    dtl__mpi_request_done(r);
     return dtl__mpi_error(fn, rc);
   }
   *req = &r->base;
@@ -590,7 +613,7 @@ static dtl_status dtl__mpi_pair_wait(dtl__mpi_request *r) {
   }
   if (st == DTL_OK)
     st = dtl__mpi_received(r->call.fn, "recv_count", p->recv_count, "source", p->source, p->t, &p->recv_status);
-  dtl__free(r);
+  dtl__mpi_request_done(r);
   return st;
 }
 
@@ -610,6 +633,12 @@ static void dtl__mpi_free(dtl__mpi *m) {
         if (m->half_op[k][j] != MPI_OP_NULL) MPI_Op_free(&m->half_op[k][j]);
     if (m->comm != MPI_COMM_NULL) MPI_Comm_free(&m->comm);
   }
+  while (m->pool) {
+    dtl__mpi_request *r = m->pool;
+    m->pool = r->next;
+    dtl__free(r);
+  }
+  dtl__free(m->counts);
   dtl__free(m);
 }
 
@@ -675,6 +704,10 @@ static dtl_status dtl__comm_wrap_mpi(MPI_Comm dup, dtl_comm **out) {
   if (rc != MPI_SUCCESS) {
     dtl__mpi_free(m);
     return dtl__mpi_error("dtl_comm_from_mpi", rc);
+  }
+  if (!(m->counts = dtl__malloc(sizeof(int) * 4 * (size_t)size))) {
+    dtl__mpi_free(m);
+    return dtl__error(DTL_ERR_OUT_OF_MEMORY, "dtl_comm_from_mpi: out of host memory");
   }
   dtl_status st = dtl__comm_new(&dtl__mpi_ops, dtl__mem_host(), rank, size, m, out);
   if (st != DTL_OK) dtl__mpi_free(m);

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The device half of combine (CUDA builds only): the weighted sum of each token's expert rows on the
  * communicator's stream, with the same slot order and the same rounding as the host loop (products and sums
- * rounded separately, no FMA), so host and device results agree bit for bit. The layout's combine map is
- * uploaded once, on first use, and kept with the layout. */
+ * rounded separately, no FMA), so host and device results agree bit for bit. The layout's combine map
+ * (slot_row, weights) was uploaded when it was created. */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -70,22 +70,10 @@ extern "C" dtl_status dtl__moe_combine_device(dtl_moe_layout *L, const void *exp
   if (e == cudaSuccess) e = cudaGetDevice(&cur);
   if (e == cudaSuccess && cur != dev) e = cudaSetDevice(dev);
   if (e != cudaSuccess) return cuda_fail("selecting the communicator's device", e);
-  size_t pairs = (size_t)(L->tokens * L->k);
   dtl_status st = DTL_OK;
-  if (!L->device_map && pairs > 0) {
-    st = dtl__mem_alloc(&L->comm->mem, pairs * (sizeof(int64_t) + sizeof(float)), &L->device_map);
-    if (st == DTL_OK) {
-      char *m = (char *)L->device_map;
-      e = cudaMemcpyAsync(m, L->slot_row, pairs * sizeof(int64_t), cudaMemcpyHostToDevice, stream);
-      if (e == cudaSuccess)
-        e = cudaMemcpyAsync(m + pairs * sizeof(int64_t), L->weights, pairs * sizeof(float), cudaMemcpyHostToDevice,
-                            stream);
-      if (e != cudaSuccess) st = cuda_fail("uploading the combine map", e);
-    }
-  }
-  if (st == DTL_OK && pairs > 0) {
-    const int64_t *rows = (const int64_t *)L->device_map;
-    const float *w = (const float *)((const char *)L->device_map + pairs * sizeof(int64_t));
+  if (L->tokens > 0) {
+    const int64_t *rows = L->dev_slot_row;
+    const float *w = L->dev_weights;
     switch (L->dtype) {
       case DTL_FLOAT32: e = launch<float, float>(L, rows, w, expert_out, y, stream); break;
       case DTL_FLOAT64: e = launch<double, double>(L, rows, w, expert_out, y, stream); break;
@@ -96,9 +84,4 @@ extern "C" dtl_status dtl__moe_combine_device(dtl_moe_layout *L, const void *exp
   }
   if (cur >= 0 && cur != dev) cudaSetDevice(cur);
   return st;
-}
-
-extern "C" void dtl__moe_device_release(dtl_moe_layout *L) {
-  if (L->device_map) dtl__mem_free(&L->comm->mem, L->device_map);
-  L->device_map = NULL;
 }

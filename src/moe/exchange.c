@@ -1,6 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Dispatch and combine: replay a layout's maps with the transport's copies and all-to-all-v, so that the same
- * code serves host (MPI) and device (NCCL) rows; only combine's weighted sum has a device twin (combine.cu). */
+/* Dispatch and combine: replay a layout's maps around the transport's all-to-all-v. On the host the row moves
+ * are copies of runs of rows; on a device each row move of a pack or regroup is one gather launch (gather.cu)
+ * from a map uploaded at creation, and combine's weighted sum has its device twin (combine.cu). Nothing here
+ * allocates: every buffer and map was sized when the layout was created. */
 #include <stdlib.h>
 #include <string.h>
 #include "common/half.h"
@@ -32,35 +34,55 @@ static dtl_status dtl__check_buffers(const char *fn, const dtl_moe_layout *L, co
   return DTL_OK;
 }
 
+/* One set of row moves: the runs (host) or the device map dev (one gather launch), from src to destination
+ * rows below split in lo and the others in hi; reverse runs them backwards (destination rows become sources). */
+static dtl_status dtl__moe_move(const dtl_moe_layout *L, const dtl__moe_run *runs, int64_t nruns,
+                                const dtl__moe_rowmap *dev, bool reverse, const void *src, void *lo, void *hi,
+                                int64_t split) {
+  dtl_comm *c = L->comm;
+  const size_t rb = L->row_bytes;
+  if (c->mem.ops->memory == DTL_MEMORY_DEVICE) {
+#if DTL_HAVE_NCCL
+    dtl__moe_rowmap m = *dev;
+    if (reverse) {
+      m.src = dev->dst;
+      m.dst = dev->src;
+    }
+    return dtl__moe_gather_rows_cuda(&c->mem, &m, src, lo, hi, rb);
+#else
+    (void)dev;
+    return dtl__error(DTL_ERR_UNSUPPORTED, "device memory needs a CUDA build of dtl");
+#endif
+  }
+  for (int64_t i = 0; i < nruns; i++) {
+    int64_t from = reverse ? runs[i].dst : runs[i].src, to = reverse ? runs[i].src : runs[i].dst;
+    char *dst = to < split ? dtl__row(lo, to, rb) : dtl__row(hi, to - split, rb);
+    DTL_TRY(dtl__mem_copy(&c->mem, dst, dtl__row(src, from, rb), (size_t)runs[i].n * rb));
+  }
+  return DTL_OK;
+}
+
 dtl_status dtl_moe_layout_dispatch(dtl_moe_layout *L, const void *x, void *expert_in) {
   static const char fn[] = "dtl_moe_layout_dispatch";
   DTL_CHECK_ARG(L != NULL, fn, "layout=NULL");
   DTL_TRY(dtl__moe_agree(L, fn, dtl__check_buffers(fn, L, x, "x", expert_in, "expert_in")));
   dtl_comm *c = L->comm;
   const size_t rb = L->row_bytes;
-  for (int j = 0; j < L->local_experts; j++) {
-    int64_t pad = L->block_padded[j] - L->block_rows[j];
-    if (pad > 0)
-      DTL_TRY(dtl__mem_set(&c->mem, dtl__row(expert_in, L->block_off[j] + L->block_rows[j], rb), 0, (size_t)pad * rb));
-  }
+  /* Padding rows are zero (the device pack map zeroes them in its one launch). */
+  if (c->mem.ops->memory == DTL_MEMORY_HOST)
+    for (int j = 0; j < L->local_experts; j++) {
+      int64_t pad = L->block_padded[j] - L->block_rows[j];
+      if (pad > 0) memset(dtl__row(expert_in, L->block_off[j] + L->block_rows[j], rb), 0, (size_t)pad * rb);
+    }
   /* The pack writes straight into the final order: remote rows into the send staging, this rank's own
    * rows into their expert block (they never pass through the all-to-all). */
-  for (int64_t i = 0; i < L->npack; i++) {
-    const dtl__moe_run *r = &L->pack[i];
-    char *dst = r->dst < L->send_rows ? dtl__row(L->send_buf, r->dst, rb)
-                                      : dtl__row(expert_in, r->dst - L->send_rows, rb);
-    DTL_TRY(dtl__mem_copy(&c->mem, dst, dtl__row(x, r->src, rb), (size_t)r->n * rb));
-  }
+  DTL_TRY(dtl__moe_move(L, L->pack, L->npack, &L->dev_pack, false, x, L->send_buf, expert_in, L->send_rows));
   bool staged = L->exchange == DTL_MOE_EXCHANGE_SINGLE;
   void *region = staged ? L->recv_buf : expert_in;
   for (int i = 0; i < L->calls; i++)
     DTL_TRY(dtl__all_to_allv_agreed(c, dtl__row(L->send_buf, L->send_base[i], rb), L->send_counts + (size_t)i * L->size,
                             dtl__row(region, L->recv_base[i], rb), L->recv_counts + (size_t)i * L->size, L->dtype));
-  for (int64_t i = 0; i < L->nregroup; i++) {
-    const dtl__moe_run *r = &L->regroup[i];
-    DTL_TRY(dtl__mem_copy(&c->mem, dtl__row(expert_in, r->dst, rb), dtl__row(L->recv_buf, r->src, rb), (size_t)r->n * rb));
-  }
-  return DTL_OK;
+  return dtl__moe_move(L, L->regroup, L->nregroup, &L->dev_regroup, false, L->recv_buf, NULL, expert_in, 0);
 }
 
 /* out[h] = w[0] * in[0][h] + w[1] * in[1][h] + ... in slot order, products and sums rounded one at a time, in
@@ -111,17 +133,12 @@ static void dtl__weighted_sum_f32(float *restrict out, const float *const *in, c
   } while (0)
 #define DTL__AS_IS(v) (v)
 
-static dtl_status dtl__combine_host(const dtl_moe_layout *L, const void *expert_out, void *y) {
+static void dtl__combine_host(const dtl_moe_layout *L, const void *expert_out, void *y) {
   const int64_t H = L->hidden;
   const int k = L->k;
   const size_t rb = L->row_bytes;
-  const void **in = dtl__malloc(sizeof(void *) * (size_t)k);
-  float *w = dtl__malloc(sizeof(float) * (size_t)k);
-  if (!in || !w) {
-    dtl__free(in);
-    dtl__free(w);
-    return dtl__error(DTL_ERR_OUT_OF_MEMORY, "dtl_moe_layout_combine: out of host memory");
-  }
+  const void **in = L->combine_in;
+  float *w = L->combine_w;
   for (int64_t t = 0; t < L->tokens; t++) {
     int n = 0;
     for (int s = 0; s < k; s++) { /* this token's kept slots, in slot order */
@@ -142,9 +159,6 @@ static dtl_status dtl__combine_host(const dtl_moe_layout *L, const void *expert_
       default: DTL__WEIGHTED_SUM(uint16_t, float, dtl__bf16_to_f32, dtl__f32_to_bf16); break;
     }
   }
-  dtl__free(in);
-  dtl__free(w);
-  return DTL_OK;
 }
 
 dtl_status dtl_moe_layout_combine(dtl_moe_layout *L, const void *expert_out, void *y) {
@@ -158,10 +172,7 @@ dtl_status dtl_moe_layout_combine(dtl_moe_layout *L, const void *expert_out, voi
   dtl_comm *c = L->comm;
   const size_t rb = L->row_bytes;
   bool staged = L->exchange == DTL_MOE_EXCHANGE_SINGLE;
-  for (int64_t i = 0; i < L->nregroup; i++) {
-    const dtl__moe_run *r = &L->regroup[i];
-    DTL_TRY(dtl__mem_copy(&c->mem, dtl__row(L->recv_buf, r->src, rb), dtl__row(expert_out, r->dst, rb), (size_t)r->n * rb));
-  }
+  DTL_TRY(dtl__moe_move(L, L->regroup, L->nregroup, &L->dev_regroup, true, expert_out, NULL, L->recv_buf, 0));
   const void *region = staged ? L->recv_buf : expert_out;
   for (int i = 0; i < L->calls; i++)
     DTL_TRY(dtl__all_to_allv_agreed(c, dtl__row(region, L->recv_base[i], rb), L->recv_counts + (size_t)i * L->size,
@@ -174,5 +185,6 @@ dtl_status dtl_moe_layout_combine(dtl_moe_layout *L, const void *expert_out, voi
     return dtl__error_fn(DTL_ERR_UNSUPPORTED, fn, "device memory needs a CUDA build of dtl");
 #endif
   }
-  return dtl__combine_host(L, expert_out, y);
+  dtl__combine_host(L, expert_out, y);
+  return DTL_OK;
 }

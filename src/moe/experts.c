@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Expert compute: the per-local-expert callback loop over a layout's expert blocks, and the ready SiLU-gated
- * MLP expert, whose matrix products go through the shared GEMM (src/compute/gemm.h). */
+/* Expert compute: the per-local-expert callback loop over a layout's expert blocks, the grow-only scratch
+ * the layout lends its callbacks, and the ready SiLU-gated MLP expert, whose matrix products go through the
+ * shared GEMM (src/compute/gemm.h) and whose activations live in that scratch. */
 #include <stdint.h>
 #include <math.h>
 #include <stdlib.h>
@@ -27,11 +28,31 @@ static dtl_status dtl__moe_experts_loop(const dtl_moe_layout *L, const void *exp
         .memory = L->comm->mem.ops->memory,
         .in = expert_in ? (const char *)expert_in + off : NULL,
         .out = expert_out ? (char *)expert_out + off : NULL,
+        .layout = L,
     };
     dtl_status st = fn(&b, user);
     if (st != DTL_OK)
       return dtl__error_prefix(st, "%s: expert %d (local %d)", name, b.expert, j);
   }
+  return DTL_OK;
+}
+
+dtl_status dtl_moe_expert_scratch(const dtl_moe_expert_batch *b, size_t bytes, void **out) {
+  static const char name[] = "dtl_moe_expert_scratch";
+  DTL_CHECK_ARG(b != NULL, name, "batch=NULL");
+  DTL_CHECK_ARG(out != NULL, name, "out=NULL");
+  DTL_CHECK_ARG(b->layout != NULL, name, "batch.layout=NULL (scratch belongs to the layout of dtl_moe_experts_run)");
+  const dtl_moe_layout *L = b->layout;
+  struct dtl__moe_scratch *ws = L->expert_ws;
+  if (bytes > ws->bytes || !ws->p) {
+    void *p = NULL;
+    dtl_status st = dtl__mem_alloc(&L->comm->mem, bytes, &p);
+    if (st != DTL_OK) return dtl__error_prefix(st, "%s: %zu bytes", name, bytes);
+    if (ws->p) dtl__mem_free(&L->comm->mem, ws->p);
+    ws->p = p;
+    ws->bytes = bytes;
+  }
+  *out = ws->p;
   return DTL_OK;
 }
 
@@ -69,16 +90,14 @@ dtl_status dtl_moe_mlp_forward(const dtl_moe_expert_batch *b, void *user) {
   if (b->rows == 0) return DTL_OK;
   const int64_t m = b->rows, f = mlp->ffn, h = mlp->hidden;
   size_t cells;
-  DTL_CHECK_ARG(dtl__mul_size((size_t)m, (size_t)f, &cells) && cells <= SIZE_MAX / sizeof(float), name,
+  DTL_CHECK_ARG(dtl__mul_size((size_t)m, (size_t)f, &cells) && cells <= SIZE_MAX / sizeof(float) / 2, name,
                 "rows=%lld x ffn=%lld overflows", (long long)m, (long long)f);
-  float *gate = dtl__malloc(sizeof(float) * cells);
-  float *up = dtl__malloc(sizeof(float) * cells);
-  if (!gate || !up) {
-    dtl__free(gate);
-    dtl__free(up);
+  void *ws = NULL, *own = NULL;
+  if (b->layout) DTL_TRY(dtl_moe_expert_scratch(b, 2 * sizeof(float) * cells, &ws));
+  else if (!(ws = own = dtl__malloc(2 * sizeof(float) * cells)))
     return dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, name, "out of host memory for %lld x %lld activations", (long long)m,
                          (long long)f);
-  }
+  float *gate = ws, *up = gate + cells;
   dtl_status st = dtl__moe_gemm_nt(m, f, h, b->in, wg, gate);
   if (st == DTL_OK) st = dtl__moe_gemm_nt(m, f, h, b->in, wu, up);
   if (st == DTL_OK) {
@@ -88,7 +107,6 @@ dtl_status dtl_moe_mlp_forward(const dtl_moe_expert_batch *b, void *user) {
     }
     st = dtl__moe_gemm_nt(m, h, f, gate, wd, b->out);
   }
-  dtl__free(gate);
-  dtl__free(up);
+  dtl__free(own);
   return st;
 }

@@ -121,9 +121,9 @@ static dtl_status dtl__check_local(const dtl_comm *c, const dtl_moe_placement *p
 
 void dtl_moe_layout_destroy(dtl_moe_layout *L) {
   if (!L) return;
-#if DTL_HAVE_NCCL
-  dtl__moe_device_release(L);
-#endif
+  if (L->device_map) dtl__mem_free(&L->comm->mem, L->device_map);
+  if (L->expert_ws && L->expert_ws->p) dtl__mem_free(&L->comm->mem, L->expert_ws->p);
+  dtl__free(L->expert_ws);
   if (L->send_buf) dtl__mem_free(&L->comm->mem, L->send_buf);
   if (L->recv_buf) dtl__mem_free(&L->comm->mem, L->recv_buf);
   dtl__free(L->local_ids);
@@ -140,6 +140,8 @@ void dtl_moe_layout_destroy(dtl_moe_layout *L) {
   dtl__free(L->recv_counts);
   dtl__free(L->send_base);
   dtl__free(L->recv_base);
+  dtl__free(L->combine_in);
+  dtl__free(L->combine_w);
   dtl__free(L);
 }
 
@@ -290,6 +292,67 @@ static dtl_status dtl__build_maps(dtl_moe_layout *L, const dtl_moe_placement *p,
   return DTL_OK;
 }
 
+/* Writes the rows of runs one by one into src and dst; returns how many. */
+static int64_t dtl__rows_of_runs(const dtl__moe_run *runs, int64_t n, int64_t *src, int64_t *dst) {
+  int64_t at = 0;
+  for (int64_t i = 0; i < n; i++)
+    for (int64_t q = 0; q < runs[i].n; q++, at++) {
+      src[at] = runs[i].src + q;
+      dst[at] = runs[i].dst + q;
+    }
+  return at;
+}
+
+dtl_status dtl__moe_rowmaps(const dtl_moe_layout *L, dtl__moe_rowmap *pack, dtl__moe_rowmap *regroup, int64_t **buf) {
+  int64_t np = 0, nr = 0;
+  for (int64_t i = 0; i < L->npack; i++) np += L->pack[i].n;
+  for (int j = 0; j < L->local_experts; j++) np += L->block_padded[j] - L->block_rows[j];
+  for (int64_t i = 0; i < L->nregroup; i++) nr += L->regroup[i].n;
+  int64_t *b = dtl__malloc(sizeof(int64_t) * 2 * (size_t)(np + nr));
+  if (!b) return dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory for the row maps");
+  int64_t *ps = b, *pd = b + np, *rs = b + 2 * np, *rd = rs + nr;
+  int64_t at = dtl__rows_of_runs(L->pack, L->npack, ps, pd);
+  for (int j = 0; j < L->local_experts; j++) /* padding rows: zeros */
+    for (int64_t r = L->block_rows[j]; r < L->block_padded[j]; r++, at++) {
+      ps[at] = -1;
+      pd[at] = L->send_rows + L->block_off[j] + r;
+    }
+  dtl__rows_of_runs(L->regroup, L->nregroup, rs, rd);
+  *pack = (dtl__moe_rowmap){ps, pd, np, L->send_rows};
+  *regroup = (dtl__moe_rowmap){rs, rd, nr, 0};
+  *buf = b;
+  return DTL_OK;
+}
+
+/* A device layout's maps, uploaded once: combine's slot_row, the row maps, then combine's weights. The stream
+ * is synchronized before the host copy of the row maps is freed. */
+static dtl_status dtl__upload_maps(dtl_moe_layout *L) {
+  dtl__moe_rowmap pack, regroup;
+  int64_t *rowmaps = NULL;
+  DTL_TRY(dtl__moe_rowmaps(L, &pack, &regroup, &rowmaps));
+  dtl_comm *c = L->comm;
+  size_t pairs = (size_t)(L->tokens * L->k), nmap = 2 * (size_t)(pack.n + regroup.n);
+  size_t words = pairs + nmap;
+  char *d = NULL;
+  dtl_status st = dtl__mem_alloc(&c->mem, sizeof(int64_t) * words + sizeof(float) * pairs, (void **)&d);
+  if (st == DTL_OK) {
+    L->device_map = d;
+    st = dtl__mem_copy(&c->mem, d, L->slot_row, sizeof(int64_t) * pairs);
+  }
+  if (st == DTL_OK) st = dtl__mem_copy(&c->mem, d + sizeof(int64_t) * pairs, rowmaps, sizeof(int64_t) * nmap);
+  if (st == DTL_OK) st = dtl__mem_copy(&c->mem, d + sizeof(int64_t) * words, L->weights, sizeof(float) * pairs);
+  if (st == DTL_OK) st = c->ops->synchronize(c);
+  dtl__free(rowmaps);
+  if (st != DTL_OK) return st;
+  const int64_t *m = (const int64_t *)d + pairs;
+  L->dev_slot_row = (const int64_t *)d;
+  L->dev_weights = (const float *)(d + sizeof(int64_t) * words);
+  L->dev_pack = (dtl__moe_rowmap){m, m + pack.n, pack.n, pack.split};
+  m += 2 * pack.n;
+  L->dev_regroup = (dtl__moe_rowmap){m, m + regroup.n, regroup.n, 0};
+  return DTL_OK;
+}
+
 dtl_status dtl_moe_layout_create(dtl_comm *c, const dtl_moe_placement *p, int64_t tokens, int k, const int32_t *ids,
                                  const float *weights, int64_t hidden, dtl_dtype dtype,
                                  const dtl_moe_layout_params *params, dtl_moe_layout **out) {
@@ -334,9 +397,13 @@ dtl_status dtl_moe_layout_create(dtl_comm *c, const dtl_moe_placement *p, int64_
     L->dropped = dtl__malloc(sizeof(int64_t) * (size_t)p->experts);
     L->weights = dtl__malloc(sizeof(float) * (pairs ? pairs : 1));
     L->local_ids = dtl__malloc(sizeof(int) * (size_t)(L->local_experts ? L->local_experts : 1));
+    L->combine_in = dtl__malloc(sizeof(void *) * (size_t)k);
+    L->combine_w = dtl__malloc(sizeof(float) * (size_t)k);
+    L->expert_ws = dtl__calloc(1, sizeof *L->expert_ws);
     cout = dtl__calloc(PJ, sizeof(int64_t));
     cin = dtl__calloc(PJ, sizeof(int64_t));
-    if (L->kept && L->dropped && L->weights && L->local_ids && cout && cin) {
+    if (L->kept && L->dropped && L->weights && L->local_ids && L->combine_in && L->combine_w && L->expert_ws && cout &&
+        cin) {
       memcpy(L->local_ids, p->by_rank + p->first[c->rank], sizeof(int) * (size_t)L->local_experts);
       memcpy(L->kept, route.kept, sizeof(int64_t) * (size_t)p->experts);
       memcpy(L->dropped, route.dropped, sizeof(int64_t) * (size_t)p->experts);
@@ -385,6 +452,7 @@ dtl_status dtl_moe_layout_create(dtl_comm *c, const dtl_moe_placement *p, int64_
     else
       st = dtl__mem_alloc(&c->mem, bytes, &L->recv_buf);
   }
+  if (st == DTL_OK && c->mem.ops->memory == DTL_MEMORY_DEVICE) st = dtl__upload_maps(L);
   st = dtl__agree(o.count_comm, fn, 0, st);
   if (st != DTL_OK) goto fail;
   dtl__free(cout);

@@ -49,6 +49,14 @@ typedef struct {
   int64_t src, dst, n;
 } dtl__moe_run;
 
+/* The same moves row by row, as the device gathers them in one launch: destination row dst[i] gets source row
+ * src[i] (src[i] < 0: zeros). Destination rows below split are rows of the first destination buffer, the
+ * others rows (dst[i] - split) of the second. */
+typedef struct {
+  const int64_t *src, *dst;
+  int64_t n, split;
+} dtl__moe_rowmap;
+
 struct dtl_moe_layout {
   dtl_comm *comm, *count_comm; /* not owned */
   int rank, size, experts, k, local_experts, max_local;
@@ -80,12 +88,41 @@ struct dtl_moe_layout {
    * (SINGLE) or the expert buffer (PER_EXPERT, each call lands in one expert's block after its own rows). */
   int64_t *send_base, *recv_base;
   void *send_buf, *recv_buf; /* staging, the communicator's memory */
-  void *device_map;          /* device copy of slot_row and weights for the device combine (CUDA builds) */
+  /* Host combine: one token's kept slots (k each), sized at creation. */
+  const void **combine_in;
+  float *combine_w;
+  /* Grow-only scratch in the communicator's memory that dtl_moe_expert_scratch hands to expert callbacks,
+   * reached through a pointer (allocated with the layout) so that it grows through a const layout. */
+  struct dtl__moe_scratch {
+    void *p;
+    size_t bytes;
+  } *expert_ws;
+  /* A device layout (communicator in device memory): one buffer, uploaded at creation, holding slot_row and
+   * weights for the combine kernel and the row maps of the gather kernel (pack: x -> send staging | expert_in
+   * with the padding rows zeroed; regroup: receive staging -> expert_in, run backwards by combine). */
+  void *device_map;
+  const int64_t *dev_slot_row;
+  const float *dev_weights;
+  dtl__moe_rowmap dev_pack, dev_regroup;
 };
 
-/* Device half of combine (src/moe/combine.cu, CUDA builds only): the same sum as the host one. */
+/* The row maps of a layout's pack (with its padding rows) and regroup, in host arrays of 2 x (pack rows) and
+ * 2 x (regroup rows) int64 that *buf points to (free with dtl__free; src of each map first, then dst). The
+ * device layouts upload them; tests replay them with the host emulation of the gather kernel. */
+dtl_status dtl__moe_rowmaps(const dtl_moe_layout *L, dtl__moe_rowmap *pack, dtl__moe_rowmap *regroup, int64_t **buf);
+
+#if DTL_HAVE_NCCL
+/* Device half of combine (src/moe/combine.cu): the same sum as the host one. */
 dtl_status dtl__moe_combine_device(dtl_moe_layout *L, const void *expert_out, void *y);
-void dtl__moe_device_release(dtl_moe_layout *L);
+/* The gather kernel (src/moe/gather.cu): every row of map in one launch on mem's stream and device, rows of
+ * row_bytes bytes of any dtype (rows are bytes; the widest aligned word moves them). dst_lo/dst_hi as in
+ * dtl__moe_rowmap; src must not overlap them. The map's arrays are in device memory. */
+dtl_status dtl__moe_gather_rows_cuda(const dtl__mem *mem, const dtl__moe_rowmap *map, const void *src, void *dst_lo,
+                                     void *dst_hi, size_t row_bytes);
+/* The kernel's code run on the host over host memory (map arrays too), thread by thread: for tests. */
+dtl_status dtl__moe_gather_rows_emulate(const dtl__moe_rowmap *map, const void *src, void *dst_lo, void *dst_hi,
+                                        size_t row_bytes);
+#endif
 
 #ifdef __cplusplus
 }

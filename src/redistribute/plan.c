@@ -145,4 +145,7 @@ double dtl_plan_cost(const dtl_plan *p) { return p ? p->total_cost_s : -1.0; }
 
 size_t dtl_plan_scratch_bytes(const dtl_plan *p) { return p ? p->scratch_bytes : 0; }
 
-void dtl_plan_destroy(dtl_plan *p) { dtl__free(p); }
+void dtl_plan_destroy(dtl_plan *p) {
+  dtl__plan_release(p);
+  dtl__free(p);
+}

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* This file is private to dtl. It is the contract between the planner (planner.c: pure search over
- * placements) and the executor (executor.c: runs each step on the mesh dim's communicator). A plan is a
- * value: the source and target layouts plus a list of steps, each of which changes the placement of
- * exactly one mesh dim. */
+ * placements) and the executor (compile.c derives what running it takes, once; executor.c runs each step on
+ * the mesh dim's communicator). A plan is a value: the source and target layouts plus a list of steps, each
+ * of which changes the placement of exactly one mesh dim, and its compiled form for this rank. */
 #ifndef DTL_PLAN_INTERNAL_H
 #define DTL_PLAN_INTERNAL_H
 
@@ -40,15 +40,25 @@ struct dtl_plan {
   dtl__plan_step steps[DTL__MAX_PLAN_STEPS];
   double total_cost_s;
   size_t scratch_bytes;
+  /* Compiled by dtl__plan_compile (executor_internal.h); NULL before. Reached through a pointer, so that the
+   * driver can fill its count arrays and grow its workspace through a const plan. */
+  struct dtl__plan_exec *exec;
 };
 
 /* "all-gather", "all-reduce", "reduce-scatter", "all-to-all", "local slice", "local partial" (plan.c): the
  * names explain prints, for every message that names a step. */
 const char *dtl__plan_step_name(dtl__step_kind k);
 
-/* Implemented by the executor, called by the planner as the last step of dtl_plan_create: the temporary
- * bytes one execution of p will allocate on this rank (at most the larger of its local source and target
- * shards). */
-size_t dtl__executor_scratch_bytes(const struct dtl_plan *p);
+/* Implemented by the executor, called by the planner as the last step of dtl_plan_create (and by tests on
+ * hand-built plans, whose exec must be NULL): checks that the steps chain legally (DTL_ERR_INTERNAL or
+ * DTL_ERR_UNSUPPORTED naming fn and the step otherwise: such a plan is never returned), derives everything an
+ * execution needs on this rank, and sets p->scratch_bytes. */
+dtl_status dtl__plan_compile(const char *fn, struct dtl_plan *p);
+/* dtl_plan_execute (own: the plan's workspace) and dtl_plan_execute_with_workspace (ws, ws_bytes: the caller's),
+ * with fn naming the entry point in messages. */
+dtl_status dtl__plan_run(const char *fn, const struct dtl_plan *p, const void *src_local, void *dst_local, bool own,
+                         void *ws, size_t ws_bytes);
+/* Frees what compilation and execution attached to p (its compiled form and workspace), not p itself. */
+void dtl__plan_release(struct dtl_plan *p);
 
 #endif

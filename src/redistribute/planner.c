@@ -381,7 +381,11 @@ static dtl_status dtl__plan_create(const char *fn, const dtl_layout *src, const 
     st->recv_bytes = vme.recv;
   }
   p->total_cost_s = (double)total_ps * 1e-12;
-  p->scratch_bytes = dtl__executor_scratch_bytes(p);
+  dtl_status st = dtl__plan_compile(fn, p);
+  if (st != DTL_OK) {
+    dtl_plan_destroy(p);
+    return st;
+  }
   DTL_LOG(DTL_LOG_DEBUG, "plan", "%s: %d steps, est %.3g s", fn, p->nsteps, p->total_cost_s);
   *out = p;
   return DTL_OK;

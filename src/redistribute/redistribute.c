@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* dtl_redistribute and the whole-tensor helpers built on it: the per-mesh plan cache (keyed by the (src,
- * dst) layout pair, so that a repeated call costs a hash lookup), the plan's DTL_CHECK agreement (the
- * fingerprint of an execution), dtl_distribute (dense on root -> any layout) and dtl_full_tensor (any layout
- * -> dense everywhere). */
+ * dst) layout pair, so that a repeated call costs a hash lookup, with one workspace for all its plans), the
+ * plan's DTL_CHECK agreement (the fingerprint of an execution), dtl_distribute (dense on root -> any layout)
+ * and dtl_full_tensor (any layout -> dense everywhere). */
 #include <stdlib.h>
 #include <string.h>
 #include "comm/agree.h"
@@ -23,6 +23,11 @@ typedef struct {
   dtl__plan_entry **buckets;
   size_t nbuckets, count;
   uint64_t hits, misses;
+  /* The one workspace that dtl_redistribute runs every cached plan in (calls on one mesh never overlap), grown
+   * to the largest need seen: the cache holds one scratch buffer, not one per plan. */
+  void *ws;
+  size_t ws_bytes;
+  dtl__mem ws_mem;
 } dtl__plan_cache;
 
 #define DTL__PLAN_CACHE_MAX 1024
@@ -42,6 +47,7 @@ static void dtl__plan_cache_clear(dtl__plan_cache *pc) {
 static void dtl__plan_cache_free(void *cache) {
   dtl__plan_cache *pc = cache;
   dtl__plan_cache_clear(pc);
+  if (pc->ws) dtl__mem_free(&pc->ws_mem, pc->ws);
   dtl__free(pc->buckets);
   dtl__free(pc);
 }
@@ -114,6 +120,23 @@ dtl_status dtl__plan_cached(const dtl_layout *src, const dtl_layout *dst, const 
   pc->buckets[key & (pc->nbuckets - 1)] = e;
   pc->count++;
   *out = plan;
+  return DTL_OK;
+}
+
+/* The cache's workspace, at least bytes long (grown, never shrunk). */
+static dtl_status dtl__plan_cache_workspace(const dtl_mesh *m, size_t bytes, void **out) {
+  dtl__plan_cache *pc = NULL;
+  DTL_TRY(dtl__plan_cache_of(m, &pc));
+  if (bytes > pc->ws_bytes) {
+    void *q = NULL;
+    dtl_status st = dtl__mem_alloc(&m->comm->mem, bytes, &q);
+    if (st != DTL_OK) return dtl__error_prefix(st, "dtl_redistribute: a workspace of %zu bytes", bytes);
+    if (pc->ws) dtl__mem_free(&pc->ws_mem, pc->ws);
+    pc->ws = q;
+    pc->ws_bytes = bytes;
+    pc->ws_mem = m->comm->mem;
+  }
+  *out = pc->ws;
   return DTL_OK;
 }
 
@@ -192,10 +215,13 @@ dtl_status dtl_redistribute(const dtl_layout *src, const void *src_local, const 
   DTL_TRY(dtl__require_comm(fn, src));
   dtl_status local = dtl__redistribute_args(fn, src, src_local, dst, dst_local);
   const dtl_plan *plan = NULL;
+  void *ws = NULL;
+  size_t need = 0;
   if (local == DTL_OK) local = dtl__plan_cached(src, dst, &plan);
-  /* A rank that cannot execute takes part in the agreement its peers run inside dtl_plan_execute. */
+  if (local == DTL_OK) local = dtl__plan_cache_workspace(src->mesh, need = dtl_plan_workspace_bytes(plan), &ws);
+  /* A rank that cannot execute takes part in the agreement its peers run inside the execution. */
   if (local != DTL_OK) return dtl__agree_checked(src->mesh->comm, fn, 0, local);
-  return dtl_plan_execute(plan, src_local, dst_local);
+  return dtl__plan_run(fn, plan, src_local, dst_local, false, ws, need);
 }
 
 dtl_status dtl_full_tensor(const dtl_layout *l, const void *local, void *dense) {

@@ -8,7 +8,8 @@
 #include "redistribute/plan_internal.h"
 
 /* The mesh's cached plan for (src, dst), creating and caching it on a miss. The plan belongs to the cache
- * (freed with the mesh). src and dst must be valid layouts on the same mesh. */
+ * (freed with the mesh); dtl_redistribute runs it in the cache's one workspace, so it never allocates its own.
+ * src and dst must be valid layouts on the same mesh. */
 dtl_status dtl__plan_cached(const dtl_layout *src, const dtl_layout *dst, const dtl_plan **out);
 
 /* The agreement of one execution of p, the hook of dtl_plan_execute: with DTL_CHECK on the mesh's
@@ -20,8 +21,8 @@ dtl_status dtl__plan_agree(const char *fn, const dtl_plan *p, dtl_status local);
 void dtl__plan_cache_stats(const dtl_mesh *m, uint64_t *hits, uint64_t *misses);
 
 /* Test hook: the bytes of one chunk of a host pack/unpack pass (0: the default, 1 MiB) and how many chunks
- * an average shard must hold before an all-to-all is chunked (0: the default, 32). Not thread-safe; plans
- * made before a change keep their scratch figure, so change it only between plan creations. */
+ * an average shard must hold before an all-to-all is chunked (0: the default, 32). Read when a plan is
+ * compiled (created): plans made before a change keep their chunking. Not thread-safe. */
 void dtl__executor_set_chunking(size_t chunk_bytes, size_t a2a_min_chunks);
 
 #endif

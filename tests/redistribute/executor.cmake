@@ -4,3 +4,5 @@
 dtl_mpi_test(test_executor_steps SOURCES test_executor_steps.c test_redistribute_util.c NP 1 2 3 4 5 6 8)
 dtl_mpi_test(test_redistribute_oracle SOURCES test_redistribute_oracle.c test_redistribute_util.c NP 1 2 3 4 5 6 8)
 dtl_mpi_test(test_redistribute_errors SOURCES test_redistribute_errors.c test_redistribute_util.c NP 1 2 3 4)
+# Compiled plans: repeated executions allocate nothing; the caller's-workspace form and its rules.
+dtl_mpi_test(test_executor_allocs SOURCES test_executor_allocs.c NP 1 2 3 4)

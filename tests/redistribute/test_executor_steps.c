@@ -85,6 +85,7 @@ static void run_route(const tu_mesh *m, const dtl_layout *src, const dtl_layout 
   long wrong = tu_check_state(m, dst, out, dense, what);
   CHECK(wrong == 0, "mesh %s %s: %ld wrong elements", tu_mesh_text(m), what, wrong);
   (void)es;
+  dtl__plan_release(&plan);
   free(in);
   free(out);
 }
@@ -160,13 +161,13 @@ static void nested_shard_swap_scratch_is_documented(const tu_mesh *m) {
   p.steps[0] = (dtl__plan_step){.kind = DTL__STEP_ALL_GATHER, .mesh_dim = 1, .before = {s0, s1}, .after = {s0, r}};
   p.steps[1] = (dtl__plan_step){.kind = DTL__STEP_ALL_TO_ALL, .mesh_dim = 0, .before = {s0, r}, .after = {s1, r}};
   p.steps[2] = (dtl__plan_step){.kind = DTL__STEP_LOCAL_SLICE, .mesh_dim = 1, .before = {s1, r}, .after = {s1, s0}};
-  size_t fig = dtl__executor_scratch_bytes(&p);
+  CHECK(dtl__plan_compile("swap", &p) == DTL_OK, "%s", dtl_last_error());
+  size_t fig = p.scratch_bytes;
   CHECK(fig == 2 * 32 * sizeof(int32_t), "scratch %zu, want twice the [S0,R] shard, %zu bytes", fig,
         2 * 32 * sizeof(int32_t));
   int32_t dense[64], in[16], out[16];
   for (int i = 0; i < 64; i++) dense[i] = i;
   tu_make_local(a, dense, 1, in);
-  p.scratch_bytes = fig;
   tu_alloc_stats s = tu_allocs;
   CHECK(dtl_plan_execute(&p, in, out) == DTL_OK, "%s", dtl_last_error());
   CHECK(tu_allocs.bytes_total - s.bytes_total == fig, "allocated %zu", tu_allocs.bytes_total - s.bytes_total);
@@ -177,6 +178,8 @@ static void nested_shard_swap_scratch_is_documented(const tu_mesh *m) {
   CHECK(tu_route_plan(c, d, 3, &q) == 0 && q.nsteps == 2, "route");
   CHECK(q.scratch_bytes == 64 * sizeof(int32_t), "[S1,S1]->[R,R] scratch %zu, want %zu", q.scratch_bytes,
         64 * sizeof(int32_t));
+  dtl__plan_release(&p);
+  dtl__plan_release(&q);
   dtl_layout_destroy(a);
   dtl_layout_destroy(b);
   dtl_layout_destroy(c);
@@ -184,7 +187,8 @@ static void nested_shard_swap_scratch_is_documented(const tu_mesh *m) {
 }
 
 /* step_that_changes_an_outer_split_is_rejected_on_every_rank: [S0,S0] -> [R,S0] by a gather on mesh dim 0
- * would gather blocks that mesh dim 1 splits further. */
+ * would gather blocks that mesh dim 1 splits further. The check depends on placements only, so compilation
+ * (at plan creation) refuses it on every rank, and a plan that failed it never runs. */
 static void step_that_changes_an_outer_split_is_rejected_on_every_rank(const tu_mesh *m) {
   if (!m->mesh) return; /* a rank outside the mesh */
   int64_t shape[1] = {8};
@@ -198,13 +202,17 @@ static void step_that_changes_an_outer_split_is_rejected_on_every_rank(const tu_
                                 .after = {dtl_replicate(), dtl_shard(0)}};
   int32_t in[8] = {0}, out[8];
   memset(out, 0x5a, sizeof out);
-  dtl_status st = dtl_plan_execute(&p, in, out);
+  dtl_status st = dtl__plan_compile("outer split", &p);
   CHECK(st == DTL_ERR_UNSUPPORTED && strstr(dtl_last_error(), "innermost"), "status %s: %s", dtl_status_name(st),
-        dtl_last_error());
+            dtl_last_error());
+  CHECK(p.exec == NULL, "a plan that failed its check was compiled");
+  st = dtl_plan_execute(&p, in, out);
+  CHECK(st == DTL_ERR_INTERNAL && strstr(dtl_last_error(), "never compiled"), "status %s: %s", dtl_status_name(st),
+            dtl_last_error());
   CHECK(((unsigned char *)out)[0] == 0x5a && ((unsigned char *)out)[sizeof out - 1] == 0x5a, "dst was written");
   /* A step whose kind does not match its placements is the planner's bug: DTL_ERR_INTERNAL. */
   p.steps[0].kind = DTL__STEP_ALL_REDUCE;
-  st = dtl_plan_execute(&p, in, out);
+  st = dtl__plan_compile("wrong kind", &p);
   CHECK(st == DTL_ERR_INTERNAL, "status %s: %s", dtl_status_name(st), dtl_last_error());
   dtl_layout_destroy(a);
   dtl_layout_destroy(b);
@@ -229,12 +237,14 @@ static void aliased_buffers_only_for_local_plans(const tu_mesh *m) {
   CHECK(st == DTL_OK, "in-place slice: %s", dtl_last_error());
   CHECK(tu_check_state(m, s, buf, dense, "in-place slice") == 0, "in-place slice values");
   /* R -> P(sum) in place. */
+  dtl__plan_release(&plan);
   CHECK(tu_route_plan(r, pp, 1, &plan) == 0, "route");
   memcpy(buf, dense, sizeof buf);
   st = dtl_plan_execute(&plan, buf, buf);
   CHECK(st == DTL_OK, "in-place partial: %s", dtl_last_error());
   CHECK(tu_check_state(m, pp, buf, dense, "in-place partial") == 0, "in-place partial values");
   /* S(0) -> R communicates (when the mesh dim has more than one rank). */
+  dtl__plan_release(&plan);
   CHECK(tu_route_plan(s, r, 1, &plan) == 0, "route");
   tu_make_local(s, dense, 1, buf);
   uint64_t sum = tu_checksum(buf, sizeof buf);
@@ -246,6 +256,7 @@ static void aliased_buffers_only_for_local_plans(const tu_mesh *m) {
   } else {
     CHECK(st == DTL_OK, "a mesh dim of size 1 never communicates, so in place is fine: %s", dtl_last_error());
   }
+  dtl__plan_release(&plan);
   dtl_layout_destroy(r);
   dtl_layout_destroy(s);
   dtl_layout_destroy(pp);
@@ -269,6 +280,7 @@ static void null_buffers_and_abstract_meshes_are_rejected(const tu_mesh *m) {
   CHECK(((unsigned char *)out)[0] == 0x5a, "dst written");
   st = dtl_plan_execute(NULL, in, out);
   CHECK(st == DTL_ERR_INVALID_ARGUMENT && strstr(dtl_last_error(), "plan=NULL"), "%s", dtl_last_error());
+  dtl__plan_release(&plan);
   /* The same plan on an abstract mesh of the same shape. */
   dtl_mesh *am;
   CHECK(dtl_mesh_create_abstract(m->ndim, m->shape, NULL, &am) == DTL_OK, "%s", dtl_last_error());
@@ -282,6 +294,7 @@ static void null_buffers_and_abstract_meshes_are_rejected(const tu_mesh *m) {
   st = dtl_plan_execute(&plan, in, out);
   CHECK(st == DTL_ERR_INVALID_ARGUMENT && strstr(dtl_last_error(), "abstract"), "%s", dtl_last_error());
   CHECK(((unsigned char *)out)[0] == 0x5a, "dst written");
+  dtl__plan_release(&plan);
   dtl_layout_destroy(ar);
   dtl_layout_destroy(as);
   dtl_mesh_destroy(am);

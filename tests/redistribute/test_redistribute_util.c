@@ -502,8 +502,7 @@ int tu_route_plan(const dtl_layout *src, const dtl_layout *dst, uint64_t seed, d
       }
     }
   }
-  out->scratch_bytes = dtl__executor_scratch_bytes(out);
-  return 0;
+  return dtl__plan_compile("tu_route_plan", out) == DTL_OK ? 0 : -1;
 }
 
 uint64_t tu_checksum(const void *buf, size_t bytes) {

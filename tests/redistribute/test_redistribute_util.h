@@ -82,7 +82,8 @@ const char *tu_placements_text(const dtl_placement *p, int n, char *buf, size_t 
 
 /* A legal route from src to dst (every step changes one mesh dim, a shard change touches only the innermost
  * split of its tensor dim), shortest in steps, random among equals: a hand-built plan, independent of the
- * planner. Returns 0 on success. */
+ * planner, compiled as dtl_plan_create compiles its plans (free what that attaches with dtl__plan_release).
+ * Returns 0 on success. */
 int tu_route_plan(const dtl_layout *src, const dtl_layout *dst, uint64_t seed, dtl_plan *out);
 
 /* Sums the bytes of a buffer (to show that a source was not written). */

@@ -9,16 +9,12 @@
  * - embedding: exact; an id outside the vocabulary is named and leaves the device output untouched;
  * - top-k/argmax (ties, NaN, a column-parallel LM head): the same indices and values as the host path.
  * Runs under mpirun with one rank; exits 77 (skipped) without a CUDA device. */
-#include <cuda_runtime.h>
 #include "tp_half.h"
 #include "tp_env.h"
-#include "dtl/nccl.h"
+#include "dt_nccl.h"
 
 static t_env E; /* the host path: an MPI context, one rank */
-static ncclComm_t nccl;
-static cudaStream_t stream;
-static dtl_comm *dcomm;
-static dtl_mesh *dmesh;
+static dt_nccl G;
 static dtl_tp_context *D; /* the device context of the dtype under test */
 static dtl_dtype DT;
 
@@ -29,16 +25,16 @@ static void *up(const float *h, size_t n) {
   if (!h) return NULL;
   void *tmp = t_pack(h, n, DT), *d = NULL;
   CUDA_CHECK(cudaMalloc(&d, n * dtl_dtype_size(DT) + 4));
-  CUDA_CHECK(cudaMemcpyAsync(d, tmp, n * dtl_dtype_size(DT), cudaMemcpyHostToDevice, stream));
-  CUDA_CHECK(cudaStreamSynchronize(stream));
+  CUDA_CHECK(cudaMemcpyAsync(d, tmp, n * dtl_dtype_size(DT), cudaMemcpyHostToDevice, G.stream));
+  CUDA_CHECK(cudaStreamSynchronize(G.stream));
   free(tmp);
   return d;
 }
 /* The f32 values of n DT elements at d, once the stream has finished. */
 static void down(const void *d, float *h, size_t n) {
   void *tmp = malloc(n * dtl_dtype_size(DT) + 4);
-  CUDA_CHECK(cudaMemcpyAsync(tmp, d, n * dtl_dtype_size(DT), cudaMemcpyDeviceToHost, stream));
-  CUDA_CHECK(cudaStreamSynchronize(stream));
+  CUDA_CHECK(cudaMemcpyAsync(tmp, d, n * dtl_dtype_size(DT), cudaMemcpyDeviceToHost, G.stream));
+  CUDA_CHECK(cudaStreamSynchronize(G.stream));
   for (size_t i = 0; i < n; i++) h[i] = t_load(tmp, i, DT);
   free(tmp);
 }
@@ -49,7 +45,7 @@ static void *dev_alloc(size_t n) {
 }
 /* Frees after the stream is done (layers copy their weights asynchronously). */
 static void release(void *d) {
-  CUDA_CHECK(cudaStreamSynchronize(stream));
+  CUDA_CHECK(cudaStreamSynchronize(G.stream));
   cudaFree(d);
 }
 /* The test data as the device sees it: reals or integers rounded to DT. */
@@ -258,11 +254,11 @@ static void embedding_on_the_device_is_exact_and_names_ids_outside_the_vocabular
   CHECK_OK(dtl_tp_embedding_create(D, &p, &e));
   size_t bytes = (size_t)(T * H) * dtl_dtype_size(DT);
   unsigned char *after = malloc(bytes);
-  CUDA_CHECK(cudaMemsetAsync(dy, 0x7b, bytes, stream));
+  CUDA_CHECK(cudaMemsetAsync(dy, 0x7b, bytes, G.stream));
   int64_t bad[5] = {1, 2, 3, 11, 0};
   CHECK_ERROR(dtl_tp_embedding_forward(e, 5, bad, dy), DTL_ERR_INVALID_ARGUMENT, "ids[3]=11");
-  CUDA_CHECK(cudaMemcpyAsync(after, dy, bytes, cudaMemcpyDeviceToHost, stream));
-  CUDA_CHECK(cudaStreamSynchronize(stream));
+  CUDA_CHECK(cudaMemcpyAsync(after, dy, bytes, cudaMemcpyDeviceToHost, G.stream));
+  CUDA_CHECK(cudaStreamSynchronize(G.stream));
   size_t changed = 0;
   for (size_t i = 0; i < bytes; i++) changed += after[i] != 0x7b;
   CHECK(changed == 0, "%zu bytes of y changed by a failed call", changed);
@@ -341,14 +337,7 @@ int main(int argc, char **argv) {
     return dt_skip(E.tp != 1 ? "runs at one rank (one GPU holds one NCCL rank)"
                              : "no CUDA device (the TP layers on NCCL were not run)");
   }
-  ncclUniqueId id;
-  int one = 1;
-  if (cudaSetDevice(0) != cudaSuccess || cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess ||
-      ncclGetUniqueId(&id) != ncclSuccess || ncclCommInitRank(&nccl, 1, id, 0) != ncclSuccess ||
-      dtl_comm_from_nccl(nccl, stream, &dcomm) != DTL_OK || dtl_mesh_create(dcomm, 1, &one, &dmesh) != DTL_OK) {
-    printf("could not set up NCCL at world size 1: %s\n", dtl_last_error());
-    MPI_Abort(MPI_COMM_WORLD, 1);
-  }
+  dt_nccl_setup(&G);
   const dtl_dtype types[3] = {DTL_FLOAT32, DTL_FLOAT16, DTL_BFLOAT16};
 #define DEVICE_CASE(fn) {fn, #fn}
   static const struct {
@@ -364,7 +353,7 @@ int main(int argc, char **argv) {
   for (int ti = 0; ti < 3; ti++) {
     DT = types[ti];
     dtl_tp_options o = {.mask = DTL_TP_OPT_DTYPE, .dtype = DT};
-    REQUIRE_OK(dtl_tp_context_create(dmesh, 0, &o, &D));
+    REQUIRE_OK(dtl_tp_context_create(G.mesh, 0, &o, &D));
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
       char name[128];
       snprintf(name, sizeof name, "%s (%s)", cases[c].name, dtl_dtype_name(DT));
@@ -373,10 +362,7 @@ int main(int argc, char **argv) {
     dtl_tp_context_destroy(D);
     D = NULL;
   }
-  dtl_mesh_destroy(dmesh);
-  dtl_comm_destroy(dcomm);
-  ncclCommDestroy(nccl);
-  cudaStreamDestroy(stream);
+  dt_nccl_teardown(&G);
   t_teardown(&E);
   return dt_finish();
 }

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Out of memory at every allocation of every tensor-parallel entry point (tests/common/dt_oom.h): the
  * context, each layer's creation and its first forward (later ones allocate nothing: test_tp_allocs), the
- * layouts, the communication halves and top-k/argmax, with the failure on every rank and on one. Each
+ * KV cache and a cached forward with RoPE, the communication halves and top-k/argmax, with the failure on
+ * every rank and on one (a failed cached forward must also leave the cache's length as it was). Each
  * failure is DTL_ERR_OUT_OF_MEMORY (or the agreed error), frees what it allocated, writes no output, and the
  * next call works. Runs at 1 and 2 ranks with DTL_CHECK=1. */
 #include "dt_oom.h"
@@ -28,13 +29,18 @@ static float *reals(unsigned seed, size_t n) {
 }
 
 /* One kind of object under test, remade by undo so that every call is a first call. */
-typedef enum { K_CONTEXT, K_COLUMN, K_ROW, K_MLP, K_ATTN, K_EMBED, K_TOPK, K_ARGMAX, K_REDUCE, K_GATHER, K_SEQ } kind;
+/* K_KVCACHE: the KV cache's creation; K_CACHED: a cached forward with RoPE. */
+typedef enum {
+  K_CONTEXT, K_COLUMN, K_ROW, K_MLP, K_ATTN, K_EMBED, K_TOPK, K_ARGMAX, K_REDUCE, K_GATHER, K_SEQ, K_KVCACHE, K_CACHED
+} kind;
 
 typedef struct {
   kind k;
   bool create; /* the creation under test (else the first forward of a layer made beforehand) */
   dtl_tp_context *ctx, *made_ctx;
   void *layer; /* the kind's layer: made by the creation under test, or beforehand */
+  dtl_tp_attention *attn; /* the block of the KV cache under creation, made beforehand */
+  dtl_tp_kv_cache *cache; /* the cache of a cached forward, made beforehand */
   dtl_layout *in, *out;
   float *w1, *w2, *b1, *b2, *x, y[OUT_FLOATS + 4], values[T * 2];
   int64_t indices[T * 2], ids[T];
@@ -68,8 +74,12 @@ static dtl_status make_layer(ctx *x, void **out) {
                              .down_bias = x->b2};
       return dtl_tp_mlp_create(x->ctx, &p, (dtl_tp_mlp **)out);
     }
-    case K_ATTN: {
-      dtl_tp_attention_params p = {.hidden = HID,
+    case K_KVCACHE: return dtl_tp_kv_cache_create(x->attn, 4 * T, (dtl_tp_kv_cache **)out);
+    case K_ATTN:
+    case K_CACHED: {
+      dtl_tp_attention_params p = {.mask = x->k == K_CACHED ? DTL_TP_ROPE : 0,
+                                   .rope_theta = 10000.0f,
+                                   .hidden = HID,
                                    .q_heads = QH,
                                    .kv_heads = KVH,
                                    .head_dim = HD,
@@ -91,7 +101,8 @@ static void destroy_layer(kind k, void *l) {
   if (l == POISON || !l) return;
   if (k == K_COLUMN || k == K_ROW) dtl_tp_linear_destroy(l);
   if (k == K_MLP) dtl_tp_mlp_destroy(l);
-  if (k == K_ATTN) dtl_tp_attention_destroy(l);
+  if (k == K_ATTN || k == K_CACHED) dtl_tp_attention_destroy(l);
+  if (k == K_KVCACHE) dtl_tp_kv_cache_destroy(l);
   if (k == K_EMBED) dtl_tp_embedding_destroy(l);
 }
 
@@ -100,13 +111,22 @@ static void fresh(ctx *x) {
   REQUIRE_OK(dtl_tp_context_create(mesh, 0, NULL, &x->ctx));
   x->made_ctx = POISON;
   x->layer = POISON;
+  x->attn = NULL;
+  x->cache = NULL;
+  if (x->k == K_KVCACHE) {
+    dtl_tp_attention_params p = {.hidden = HID, .q_heads = QH, .kv_heads = KVH, .head_dim = HD, .qkv = x->w1,
+                                 .out = x->w2};
+    REQUIRE_OK(dtl_tp_attention_create(x->ctx, &p, &x->attn));
+  }
   if (!x->create) REQUIRE_OK(make_layer(x, &x->layer));
+  if (x->k == K_CACHED) REQUIRE_OK(dtl_tp_kv_cache_create(x->layer, 4 * T, &x->cache));
   x->in = x->out = NULL;
   switch (x->create ? K_CONTEXT : x->k) {
     case K_COLUMN:
     case K_ROW: REQUIRE_OK(dtl_tp_linear_layouts(x->layer, T, &x->in, &x->out)); break;
     case K_MLP: REQUIRE_OK(dtl_tp_mlp_layouts(x->layer, T, &x->in, &x->out)); break;
-    case K_ATTN: REQUIRE_OK(dtl_tp_attention_layouts(x->layer, T, &x->in, &x->out)); break;
+    case K_ATTN:
+    case K_CACHED: REQUIRE_OK(dtl_tp_attention_layouts(x->layer, T, &x->in, &x->out)); break;
     case K_TOPK:
     case K_ARGMAX:
     case K_GATHER: REQUIRE_OK(dtl_tp_activation_layout(x->ctx, T, VOCAB, dtl_shard(1), &x->in)); break;
@@ -118,7 +138,9 @@ static void fresh(ctx *x) {
   for (int i = 0; i < T * 2; i++) x->values[i] = -7, x->indices[i] = -7;
 }
 static void release(ctx *x) {
+  dtl_tp_kv_cache_destroy(x->cache);
   destroy_layer(x->k, x->layer);
+  if (x->attn) dtl_tp_attention_destroy(x->attn);
   if (x->made_ctx != POISON) dtl_tp_context_destroy(x->made_ctx);
   dtl_layout_destroy(x->in);
   dtl_layout_destroy(x->out);
@@ -134,6 +156,7 @@ static bool untouched(void *v) {
     if (x->y[i] != -7) return false;
   for (int i = 0; i < T * 2; i++)
     if (x->values[i] != -7 || x->indices[i] != -7) return false;
+  if (x->cache && dtl_tp_kv_cache_length(x->cache) != 0) return false; /* a failed call appends nothing */
   return x->made_ctx == POISON && (!x->create || x->layer == POISON);
 }
 
@@ -146,6 +169,7 @@ static dtl_status call(void *v) {
     case K_ROW: return dtl_tp_linear_forward(x->layer, x->in, x->x, x->y);
     case K_MLP: return dtl_tp_mlp_forward(x->layer, x->in, x->x, x->y);
     case K_ATTN: return dtl_tp_attention_forward(x->layer, x->in, x->x, x->y);
+    case K_CACHED: return dtl_tp_attention_forward_cached(x->layer, x->cache, x->in, x->x, x->y);
     case K_EMBED: return dtl_tp_embedding_forward(x->layer, T, x->ids, x->y);
     case K_TOPK: return dtl_tp_logits_topk(x->ctx, x->in, x->x, 2, x->values, x->indices);
     case K_ARGMAX: return dtl_tp_logits_argmax(x->ctx, x->in, x->x, x->indices);
@@ -177,6 +201,8 @@ static void every_tp_entry_point_survives_each_failed_allocation_on_any_rank(voi
       {K_REDUCE, false, "dtl_tp_row_parallel_reduce (to S(0)), first"},
       {K_GATHER, false, "dtl_tp_column_parallel_gather, first"},
       {K_SEQ, false, "dtl_tp_sequence_gather, first"},
+      {K_KVCACHE, true, "dtl_tp_kv_cache_create"},
+      {K_CACHED, false, "dtl_tp_attention_forward_cached (RoPE), first"},
   };
   ctx x = {0};
   const size_t big = (size_t)(QH + 2 * KVH) * HD * HID + 2 * FFN * HID + VOCAB * HID + T * VOCAB;

@@ -22,6 +22,7 @@ typedef struct {
   /* The int counts and displacements of a blocking v-collective (4 x size: two arrays of each), sized once:
    * calls on one communicator are never concurrent, and a blocking call is done with them when it returns. */
   int *counts;
+  MPI_Request *reqs; /* 2 x size: the messages of a blocking exchange */
   dtl__mpi_request *pool; /* waited-for requests, each with its own 4 x size ints, linked through next */
   int pooled;
 } dtl__mpi;
@@ -398,10 +399,17 @@ struct dtl__mpi_request {
   dtl__mpi_call call;
   bool is_pair; /* a sendrecv: pair below, not call.req */
   dtl__mpi_pair pair;
+  int nmsg; /* an exchange: its nmsg MPI requests in the trailing storage, not call.req */
   dtl__mpi_request *next; /* in the communicator's pool */
 };
 
 static int *dtl__mpi_request_counts(dtl__mpi_request *r) { return (int *)(r + 1); }
+static MPI_Request *dtl__mpi_request_msgs(dtl__mpi_request *r) { return (MPI_Request *)(r + 1); }
+/* The storage after a request: 4 x size ints (a v-collective's counts) or 2 x size MPI requests (an exchange). */
+static size_t dtl__mpi_request_extra(int size) {
+  size_t a = sizeof(int) * 4 * (size_t)size, b = sizeof(MPI_Request) * 2 * (size_t)size;
+  return a > b ? a : b;
+}
 
 /* From the communicator's pool when it has one, else allocated. */
 static dtl_status dtl__mpi_request_new(dtl_comm *c, const char *fn, dtl__mpi_request **out) {
@@ -410,7 +418,7 @@ static dtl_status dtl__mpi_request_new(dtl_comm *c, const char *fn, dtl__mpi_req
   if (r) {
     m->pool = r->next;
     m->pooled--;
-  } else if (!(r = dtl__malloc(sizeof *r + sizeof(int) * 4 * (size_t)c->size))) {
+  } else if (!(r = dtl__malloc(sizeof *r + dtl__mpi_request_extra(c->size)))) {
     return dtl__error(DTL_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
   }
   memset(r, 0, sizeof *r);
@@ -486,9 +494,16 @@ static dtl_status mpi_all_to_allv_async(dtl_comm *c, const void *send, const siz
 static dtl_status dtl__mpi_pair_wait(dtl__mpi_request *r);
 static dtl_status dtl__mpi_pair_test(dtl__mpi_request *r, bool *done);
 
+static dtl_status dtl__mpi_msgs_wait(const char *fn, int n, MPI_Request *reqs);
+
 static dtl_status mpi_wait(dtl_request *req) {
   dtl__mpi_request *r = (dtl__mpi_request *)req;
   if (r->is_pair) return dtl__mpi_pair_wait(r);
+  if (r->nmsg) {
+    dtl_status st = dtl__mpi_msgs_wait(r->call.fn, r->nmsg, dtl__mpi_request_msgs(r));
+    dtl__mpi_request_done(r);
+    return st;
+  }
   int rc = MPI_Wait(&r->call.req, MPI_STATUS_IGNORE);
   dtl_status st = DTL_OK;
   if (rc == MPI_SUCCESS) dtl__mpi_after(&r->call);
@@ -501,6 +516,11 @@ static dtl_status mpi_test(dtl_request *req, bool *done) {
   dtl__mpi_request *r = (dtl__mpi_request *)req;
   if (r->is_pair) return dtl__mpi_pair_test(r, done);
   int flag = 0;
+  if (r->nmsg) {
+    DTL__MPI_CALL(r->call.fn, MPI_Testall(r->nmsg, dtl__mpi_request_msgs(r), &flag, MPI_STATUSES_IGNORE));
+    *done = flag != 0;
+    return DTL_OK;
+  }
   DTL__MPI_CALL(r->call.fn, MPI_Test(&r->call.req, &flag, MPI_STATUS_IGNORE));
   *done = flag != 0;
   return DTL_OK;
@@ -617,6 +637,60 @@ static dtl_status dtl__mpi_pair_wait(dtl__mpi_request *r) {
   return st;
 }
 
+/* --- sparse exchange ------------------------------------------------------------------------------------------ */
+/* Its own tag, so that its messages never match those of dtl_send, dtl_recv and dtl_sendrecv (tag 0). */
+#define DTL__MPI_TAG_EXCHANGE 1
+
+static dtl_status dtl__mpi_msgs_wait(const char *fn, int n, MPI_Request *reqs) {
+  int rc = MPI_Waitall(n, reqs, MPI_STATUSES_IGNORE);
+  return rc == MPI_SUCCESS ? DTL_OK : dtl__mpi_error(fn, rc);
+}
+
+/* Posts the receives, then the sends, into reqs (nrecv + nsend of them); on a failure withdraws what was posted. */
+static dtl_status dtl__mpi_post(dtl_comm *c, const char *fn, int nsend, const int *send_peers,
+                                const void *const *send_bufs, const size_t *send_counts, int nrecv,
+                                const int *recv_peers, void *const *recv_bufs, const size_t *recv_counts, dtl_dtype t,
+                                MPI_Request *reqs) {
+  int ignored;
+  for (int i = 0; i < nsend; i++) DTL_TRY(dtl__int_count(fn, send_counts[i], &ignored));
+  for (int i = 0; i < nrecv; i++) DTL_TRY(dtl__int_count(fn, recv_counts[i], &ignored));
+  MPI_Datatype dt = dtl__mpi_type(t);
+  MPI_Comm comm = dtl__mpi_of(c)->comm;
+  int n = 0, rc = MPI_SUCCESS;
+  for (int i = 0; i < nrecv && rc == MPI_SUCCESS; i++, n++)
+    rc = MPI_Irecv(recv_bufs[i], (int)recv_counts[i], dt, recv_peers[i], DTL__MPI_TAG_EXCHANGE, comm, &reqs[n]);
+  for (int i = 0; i < nsend && rc == MPI_SUCCESS; i++, n++)
+    rc = MPI_Isend(send_bufs[i], (int)send_counts[i], dt, send_peers[i], DTL__MPI_TAG_EXCHANGE, comm, &reqs[n]);
+  if (rc == MPI_SUCCESS) return DTL_OK;
+  for (int i = 0; i < n - 1; i++) { /* the last one failed to post: withdraw the receives, let the sends go */
+    if (i < nrecv) {
+      MPI_Cancel(&reqs[i]);
+      MPI_Wait(&reqs[i], MPI_STATUS_IGNORE);
+    } else {
+      MPI_Request_free(&reqs[i]);
+    }
+  }
+  return dtl__mpi_error(fn, rc);
+}
+
+static dtl_status mpi_exchange(dtl_comm *c, int nsend, const int *send_peers, const void *const *send_bufs,
+                               const size_t *send_counts, int nrecv, const int *recv_peers, void *const *recv_bufs,
+                               const size_t *recv_counts, dtl_dtype t, dtl_request **req) {
+  static const char fn[] = "dtl_exchange";
+  if (!req) {
+    MPI_Request *reqs = dtl__mpi_of(c)->reqs;
+    DTL_TRY(dtl__mpi_post(c, fn, nsend, send_peers, send_bufs, send_counts, nrecv, recv_peers, recv_bufs, recv_counts,
+                          t, reqs));
+    return dtl__mpi_msgs_wait(fn, nsend + nrecv, reqs);
+  }
+  dtl__mpi_request *r = NULL;
+  DTL_TRY(dtl__mpi_request_new(c, fn, &r));
+  dtl_status st = dtl__mpi_post(c, fn, nsend, send_peers, send_bufs, send_counts, nrecv, recv_peers, recv_bufs,
+                                recv_counts, t, dtl__mpi_request_msgs(r));
+  r->nmsg = nsend + nrecv;
+  return dtl__mpi_started(r, st, req);
+}
+
 static dtl_status mpi_barrier(dtl_comm *c) {
   DTL__MPI_CALL("dtl_barrier", MPI_Barrier(dtl__mpi_of(c)->comm));
   return DTL_OK;
@@ -639,6 +713,7 @@ static void dtl__mpi_free(dtl__mpi *m) {
     dtl__free(r);
   }
   dtl__free(m->counts);
+  dtl__free(m->reqs);
   dtl__free(m);
 }
 
@@ -674,7 +749,7 @@ static const dtl__comm_ops dtl__mpi_ops = {
     .reduce_scatter = mpi_reduce_scatter, .reduce_scatterv = mpi_reduce_scatterv, .all_to_all = mpi_all_to_all,
     .all_to_allv = mpi_all_to_allv, .send = mpi_send, .recv = mpi_recv, .sendrecv = mpi_sendrecv,
     .sendrecv_async = mpi_sendrecv_async, .barrier = mpi_barrier,
-    .all_to_allv_displs = mpi_all_to_allv_displs,
+    .all_to_allv_displs = mpi_all_to_allv_displs, .exchange = mpi_exchange,
     .all_gather_async = mpi_all_gather_async, .all_gatherv_async = mpi_all_gatherv_async,
     .all_reduce_async = mpi_all_reduce_async, .reduce_scatter_async = mpi_reduce_scatter_async,
     .all_to_all_async = mpi_all_to_all_async, .all_to_allv_async = mpi_all_to_allv_async,
@@ -705,7 +780,8 @@ static dtl_status dtl__comm_wrap_mpi(MPI_Comm dup, dtl_comm **out) {
     dtl__mpi_free(m);
     return dtl__mpi_error("dtl_comm_from_mpi", rc);
   }
-  if (!(m->counts = dtl__malloc(sizeof(int) * 4 * (size_t)size))) {
+  if (!(m->counts = dtl__malloc(sizeof(int) * 4 * (size_t)size)) ||
+      !(m->reqs = dtl__malloc(sizeof(MPI_Request) * 2 * (size_t)size))) {
     dtl__mpi_free(m);
     return dtl__error(DTL_ERR_OUT_OF_MEMORY, "dtl_comm_from_mpi: out of host memory");
   }

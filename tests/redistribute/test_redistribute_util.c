@@ -48,6 +48,10 @@ static dtl_status w_all_to_allv_displs(dtl_comm *c, const void *s, const size_t 
                                        const size_t *rc, const size_t *rd, dtl_dtype t) {
   return in_(c)->ops->all_to_allv_displs(in_(c), s, sc, sd, r, rc, rd, t);
 }
+static dtl_status w_exchange(dtl_comm *c, int ns, const int *sp, const void *const *sb, const size_t *sc, int nr,
+                             const int *rp, void *const *rb, const size_t *rc, dtl_dtype t, dtl_request **req) {
+  return in_(c)->ops->exchange(in_(c), ns, sp, sb, sc, nr, rp, rb, rc, t, req);
+}
 static dtl_status w_send(dtl_comm *c, const void *b, size_t n, dtl_dtype t, int p) { return in_(c)->ops->send(in_(c), b, n, t, p); }
 static dtl_status w_recv(dtl_comm *c, void *b, size_t n, dtl_dtype t, int p) { return in_(c)->ops->recv(in_(c), b, n, t, p); }
 static dtl_status w_barrier(dtl_comm *c) { return in_(c)->ops->barrier(in_(c)); }
@@ -76,7 +80,7 @@ static const dtl__comm_ops w_ops = {
     .all_gather = w_all_gather, .all_gatherv = w_all_gatherv, .all_reduce = w_all_reduce,
     .reduce_scatter = w_reduce_scatter, .reduce_scatterv = w_reduce_scatterv, .all_to_all = w_all_to_all,
     .all_to_allv = w_all_to_allv, .send = w_send, .recv = w_recv, .barrier = w_barrier, .split = w_split,
-    .all_to_allv_displs = w_all_to_allv_displs,
+    .all_to_allv_displs = w_all_to_allv_displs, .exchange = w_exchange,
     .check = w_check, .abort = w_abort, .destroy = w_destroy, .synchronize = w_sync,
 };
 /* The same transport without its optional entries, as a transport that lacks them (NCCL) looks. */

@@ -48,6 +48,13 @@ struct dtl_layout {
   size_t local_count, global_count;
 };
 
+/* This rank's mesh rank (row-major position of its coordinate), -1 outside the mesh. */
+static inline int dtl__mesh_index(const dtl_mesh *m) {
+  if (!m->member) return -1;
+  int r = 0;
+  for (int d = 0; d < m->ndim; d++) r = r * m->shape[d] + m->coord[d];
+  return r;
+}
 /* The parent rank of mesh rank r. */
 static inline int dtl__mesh_parent_rank(const dtl_mesh *m, int r) { return m->ranks ? m->ranks[r] : r; }
 /* The memory of the mesh's buffers: its communicator's, the parent's outside the mesh, host on abstract meshes. */

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "comm/agree.h"
-#include "redistribute/redistribute_internal.h"
+#include "redistribute/executor_internal.h"
 
 /* --- plan cache ----------------------------------------------------------------------------------------- */
 
@@ -153,10 +153,12 @@ void dtl__plan_cache_stats(const dtl_mesh *m, uint64_t *hits, uint64_t *misses) 
  * plan different steps for the same layouts). */
 static uint64_t dtl__plan_fingerprint(const dtl_plan *p) {
   uint64_t h = dtl__fp_mix(dtl__pair_key(&p->src, &p->dst), p->src.mesh->id);
+  h = dtl__fp_mix(h, p->dst.mesh->id);
   h = dtl__fp_double(h, p->cost.alpha_s);
   h = dtl__fp_double(h, p->cost.beta_s_per_byte);
   h = dtl__fp_double(h, p->cost.local_beta_s_per_byte);
   h = dtl__fp_mix(h, (uint64_t)p->nsteps);
+  h = dtl__fp_mix(h, (uint64_t)p->xrounds);
   for (int k = 0; k < p->nsteps && k < DTL__MAX_PLAN_STEPS; k++) {
     const dtl__plan_step *s = &p->steps[k];
     dtl_placement to = s->after[s->mesh_dim >= 0 && s->mesh_dim < DTL_MAX_MESH_DIMS ? s->mesh_dim : 0];
@@ -167,8 +169,12 @@ static uint64_t dtl__plan_fingerprint(const dtl_plan *p) {
 }
 
 dtl_status dtl__plan_agree(const char *fn, const dtl_plan *p, dtl_status local) {
-  dtl_comm *c = p->src.mesh->comm;
-  return dtl__agree_checked(c, fn, local == DTL_OK ? dtl__plan_fingerprint(p) : 0, local);
+  const dtl_mesh *sm = p->src.mesh, *dm = p->dst.mesh;
+  if (sm == dm) return dtl__agree_checked(sm->comm, fn, local == DTL_OK ? dtl__plan_fingerprint(p) : 0, local);
+  dtl_comm *c = sm->parent;
+  if (!c->check) return local;
+  const struct dtl__plan_exec *x = p->exec;
+  return dtl__agree_among(c, x->ngroup, x->group, fn, local == DTL_OK ? dtl__plan_fingerprint(p) : 0, local);
 }
 
 /* --- entry points --------------------------------------------------------------------------------------- */

@@ -1,0 +1,133 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The exchange runner: this rank's messages of an exchange step (compile.c took them from the exchange map), round by
+ * round. A piece that is one contiguous run of this rank's box moves in place; the others are packed into, or
+ * unpacked from, the regions the step's mode names; the rank's own piece is one box copy; a rank that holds the
+ * identity of a Partial target fills instead of receiving. The messages go point to point (the transport's
+ * exchange), so ranks with nothing to move take no part. The same code runs blocking (dtl_plan_execute) and as the
+ * start and finish halves of dtl_plan_execute_async. */
+#include <string.h>
+#include "redistribute/executor_internal.h"
+
+/* Message m clipped to round r0 (rows [r0, r0 + xrows) of the round dim): its box in s, o; false when empty. */
+static bool dtl__xclip(const dtl__xstep *x, int nd, const dtl__xmsg *m, int64_t r0, int64_t *s, int64_t *o) {
+  memcpy(s, m->shape, sizeof(int64_t) * (size_t)nd);
+  memcpy(o, m->off, sizeof(int64_t) * (size_t)nd);
+  if (x->xrounds <= 1) return true;
+  int d = x->xdim;
+  int64_t lo = o[d] > r0 ? o[d] : r0, hi = o[d] + s[d] < r0 + x->xrows ? o[d] + s[d] : r0 + x->xrows;
+  o[d] = lo;
+  s[d] = hi > lo ? hi - lo : 0;
+  return s[d] > 0;
+}
+
+/* The regions of the mode: where packed sends and packed receives go. */
+static void dtl__xregions(const dtl__xstep *x, size_t es, void *out, void *tmp, char **sreg, char **rreg) {
+  *sreg = x->mode == DTL__X_SEND_IN_OUT ? out : tmp;
+  *rreg = x->mode == DTL__X_APART ? dtl__at(tmp, x->tsend, es) : x->mode == DTL__X_RECV_IN_OUT ? out : tmp;
+}
+
+/* Lays out round r0: packs the sends that are no runs, points the runs in place, and fills the transport's lists
+ * (the counts of a round are what both sides of each message clip alike). Returns the number of sends and receives. */
+static dtl_status dtl__xround_start(const dtl__ex_ctx *c_, const dtl__ex_step *e, dtl_comm *c, int64_t r0,
+                                    const void *in, void *out, void *tmp, int *ns, int *nr) {
+  const dtl__xstep *x = e->x;
+  int nd = c_->nd;
+  size_t es = c_->es, soff = 0, roff = 0;
+  char *sreg, *rreg;
+  dtl__xregions(x, es, out, tmp, &sreg, &rreg);
+  int64_t s[DTL_MAX_TENSOR_DIMS], o[DTL_MAX_TENSOR_DIMS], rel[DTL_MAX_TENSOR_DIMS];
+  *ns = *nr = 0;
+  for (int i = 0; i < x->nsend; i++) {
+    const dtl__xmsg *m = &x->send[i];
+    x->spos[i] = -1;
+    if (!dtl__xclip(x, nd, m, r0, s, o)) continue;
+    size_t n = dtl__box_count(nd, s), at = 0;
+    x->spos[i] = *ns;
+    if (m->same >= 0) { /* the same box as an earlier send, which is in this round too */
+      x->bufs_s[*ns] = x->bufs_s[x->spos[m->same]];
+    } else if (m->run && dtl__run_offset(nd, e->in_shape, e->in_off, s, o, &at)) {
+      x->bufs_s[*ns] = dtl__at((void *)(uintptr_t)in, at, es);
+    } else {
+      for (int d = 0; d < nd; d++) rel[d] = o[d] - e->in_off[d];
+      dtl__box_copy b = dtl__ex_box(nd, es, s, e->in_shape, rel, s, NULL);
+      DTL_TRY(dtl__mem_copy_box(&c->mem, in, dtl__at(sreg, soff, es), &b));
+      x->bufs_s[*ns] = dtl__at(sreg, soff, es);
+      soff += n;
+    }
+    x->peers_s[*ns] = m->peer;
+    x->cnt_s[(*ns)++] = n;
+  }
+  for (int i = 0; i < x->nrecv; i++) {
+    const dtl__xmsg *m = &x->recv[i];
+    if (!dtl__xclip(x, nd, m, r0, s, o)) continue;
+    size_t n = dtl__box_count(nd, s), at = 0;
+    if (x->mode == DTL__X_APART && m->run && dtl__run_offset(nd, e->out_shape, e->out_off, s, o, &at)) {
+      x->bufs_r[*nr] = dtl__at(out, at, es);
+    } else {
+      x->bufs_r[*nr] = dtl__at(rreg, roff, es);
+      roff += n;
+    }
+    x->peers_r[*nr] = m->peer;
+    x->cnt_r[(*nr)++] = n;
+  }
+  return DTL_OK;
+}
+
+/* Places the packed receives of round r0 into the output (RECV_IN_OUT: first moved from the output to the
+ * temporary, whose send region is free once the round is complete). */
+static dtl_status dtl__xround_finish(const dtl__ex_ctx *c_, const dtl__ex_step *e, dtl_comm *c, int64_t r0, void *out,
+                                     void *tmp) {
+  const dtl__xstep *x = e->x;
+  int nd = c_->nd;
+  size_t es = c_->es, roff = 0;
+  char *sreg, *rreg;
+  dtl__xregions(x, es, out, tmp, &sreg, &rreg);
+  if (x->mode == DTL__X_RECV_IN_OUT && x->rall) {
+    DTL_TRY(dtl__mem_copy(&c->mem, tmp, out, x->rall * es));
+    rreg = tmp;
+  }
+  int64_t s[DTL_MAX_TENSOR_DIMS], o[DTL_MAX_TENSOR_DIMS], rel[DTL_MAX_TENSOR_DIMS];
+  for (int i = 0; i < x->nrecv; i++) {
+    const dtl__xmsg *m = &x->recv[i];
+    if (!dtl__xclip(x, nd, m, r0, s, o)) continue;
+    size_t n = dtl__box_count(nd, s), at = 0;
+    if (x->mode == DTL__X_APART && m->run && dtl__run_offset(nd, e->out_shape, e->out_off, s, o, &at)) continue;
+    for (int d = 0; d < nd; d++) rel[d] = o[d] - e->out_off[d];
+    dtl__box_copy b = dtl__ex_box(nd, es, s, s, NULL, e->out_shape, rel);
+    DTL_TRY(dtl__mem_copy_box(&c->mem, dtl__at(rreg, roff, es), out, &b));
+    roff += n;
+  }
+  return DTL_OK;
+}
+
+/* The rank's own piece, and the identity of a Partial target: in the apart mode before the rounds (the output has
+ * no other use), else after them. */
+static dtl_status dtl__xlocal(const dtl__ex_ctx *c_, const dtl__ex_step *e, dtl_comm *c, const void *in, void *out) {
+  const dtl__xstep *x = e->x;
+  if (x->fill) return e->b ? dtl__mem_fill_identity(&c->mem, out, e->b, c_->t, x->fill_op) : DTL_OK;
+  if (!x->self) return DTL_OK;
+  int64_t ri[DTL_MAX_TENSOR_DIMS], ro[DTL_MAX_TENSOR_DIMS];
+  for (int d = 0; d < c_->nd; d++) {
+    ri[d] = x->self_off[d] - e->in_off[d];
+    ro[d] = x->self_off[d] - e->out_off[d];
+  }
+  dtl__box_copy b = dtl__ex_box(c_->nd, c_->es, x->self_shape, e->in_shape, ri, e->out_shape, ro);
+  return dtl__mem_copy_box(&c->mem, in, out, &b);
+}
+
+dtl_status dtl__ex_run_exchange(const dtl__ex_ctx *c_, const dtl__ex_step *e, dtl_comm *c, const void *in, void *out,
+                                void *tmp) {
+  const dtl__xstep *x = e->x;
+  if (!c->ops->exchange)
+    return dtl__error(DTL_ERR_UNSUPPORTED, "the %s transport has no point-to-point exchange", c->ops->name);
+  if (x->mode == DTL__X_APART) DTL_TRY(dtl__xlocal(c_, e, c, in, out));
+  for (int r = 0; r < x->xrounds; r++) {
+    int64_t r0 = (int64_t)r * x->xrows;
+    int ns, nr;
+    DTL_TRY(dtl__xround_start(c_, e, c, r0, in, out, tmp, &ns, &nr));
+    if (ns || nr)
+      DTL_TRY(c->ops->exchange(c, ns, x->peers_s, x->bufs_s, x->cnt_s, nr, x->peers_r, x->bufs_r, x->cnt_r, c_->t, NULL));
+    DTL_TRY(dtl__xround_finish(c_, e, c, r0, out, tmp));
+  }
+  return x->mode == DTL__X_APART ? DTL_OK : dtl__xlocal(c_, e, c, in, out);
+}

@@ -727,6 +727,7 @@ dtl_status dtl__plan_compile(const char *fn, dtl_plan *p) {
   dtl__free(ex0);
   x->comm_steps = 0;
   x->gmax = gmax;
+  x->req = NULL;
   x->own = NULL;
   x->own_bytes = 0;
   x->counts = (size_t *)((char *)x + head);

@@ -115,19 +115,35 @@ static dtl_status dtl__xlocal(const dtl__ex_ctx *c_, const dtl__ex_step *e, dtl_
   return dtl__mem_copy_box(&c->mem, in, out, &b);
 }
 
-dtl_status dtl__ex_run_exchange(const dtl__ex_ctx *c_, const dtl__ex_step *e, dtl_comm *c, const void *in, void *out,
-                                void *tmp) {
-  const dtl__xstep *x = e->x;
+dtl_status dtl__xchg_begin(const dtl__ex_ctx *c_, const dtl__ex_step *e, dtl_comm *c, const void *in, void *out) {
   if (!c->ops->exchange)
     return dtl__error(DTL_ERR_UNSUPPORTED, "the %s transport has no point-to-point exchange", c->ops->name);
-  if (x->mode == DTL__X_APART) DTL_TRY(dtl__xlocal(c_, e, c, in, out));
-  for (int r = 0; r < x->xrounds; r++) {
-    int64_t r0 = (int64_t)r * x->xrows;
-    int ns, nr;
-    DTL_TRY(dtl__xround_start(c_, e, c, r0, in, out, tmp, &ns, &nr));
-    if (ns || nr)
-      DTL_TRY(c->ops->exchange(c, ns, x->peers_s, x->bufs_s, x->cnt_s, nr, x->peers_r, x->bufs_r, x->cnt_r, c_->t, NULL));
-    DTL_TRY(dtl__xround_finish(c_, e, c, r0, out, tmp));
-  }
-  return x->mode == DTL__X_APART ? DTL_OK : dtl__xlocal(c_, e, c, in, out);
+  return e->x->mode == DTL__X_APART ? dtl__xlocal(c_, e, c, in, out) : DTL_OK;
+}
+
+dtl_status dtl__xchg_round(const dtl__ex_ctx *c_, const dtl__ex_step *e, dtl_comm *c, int r, const void *in, void *out,
+                           void *tmp, dtl_request **req) {
+  const dtl__xstep *x = e->x;
+  int64_t r0 = (int64_t)r * x->xrows;
+  int ns, nr;
+  if (req) *req = NULL;
+  DTL_TRY(dtl__xround_start(c_, e, c, r0, in, out, tmp, &ns, &nr));
+  if (ns || nr)
+    DTL_TRY(c->ops->exchange(c, ns, x->peers_s, x->bufs_s, x->cnt_s, nr, x->peers_r, x->bufs_r, x->cnt_r, c_->t, req));
+  return req && *req ? DTL_OK : dtl__xround_finish(c_, e, c, r0, out, tmp);
+}
+
+dtl_status dtl__xchg_round_done(const dtl__ex_ctx *c_, const dtl__ex_step *e, dtl_comm *c, int r, void *out, void *tmp) {
+  return dtl__xround_finish(c_, e, c, (int64_t)r * e->x->xrows, out, tmp);
+}
+
+dtl_status dtl__xchg_end(const dtl__ex_ctx *c_, const dtl__ex_step *e, dtl_comm *c, const void *in, void *out) {
+  return e->x->mode == DTL__X_APART ? DTL_OK : dtl__xlocal(c_, e, c, in, out);
+}
+
+dtl_status dtl__ex_run_exchange(const dtl__ex_ctx *c_, const dtl__ex_step *e, dtl_comm *c, const void *in, void *out,
+                                void *tmp) {
+  DTL_TRY(dtl__xchg_begin(c_, e, c, in, out));
+  for (int r = 0; r < e->x->xrounds; r++) DTL_TRY(dtl__xchg_round(c_, e, c, r, in, out, tmp, NULL));
+  return dtl__xchg_end(c_, e, c, in, out);
 }

@@ -12,6 +12,7 @@
 void dtl__plan_release(dtl_plan *p) {
   if (!p || !p->exec) return;
   if (p->exec->own) dtl__mem_free(&p->exec->own_mem, p->exec->own);
+  dtl__free(p->exec->req);
   dtl__free(p->exec);
   p->exec = NULL;
 }
@@ -77,8 +78,47 @@ static dtl_comm *dtl__plan_comm(const dtl_plan *p) {
   return sm->comm;
 }
 
-dtl_status dtl__plan_run(const char *fn, const dtl_plan *p, const void *src_local, void *dst_local, bool own,
-                         void *ws, size_t ws_bytes) {
+/* Where step k keeps its temporary (NULL: none): after the data region of its place. */
+static void *dtl__step_tmp(const dtl__ex_layout *L, int k, const dtl__ex_step *e, void *const *base, size_t es) {
+  int in = L->in[k], out = L->out[k], tmp = L->tmp[k];
+  if (tmp == AT_NONE) return NULL;
+  size_t data = 0;
+  if (in == tmp) data = e->a;
+  if (out == tmp && e->b > data) data = e->b;
+  return dtl__at(base[tmp], data, es);
+}
+
+/* Runs steps [0, n) of p in placement L over the buffers in base; pc is the plan's communicator (the exchange's). */
+static dtl_status dtl__run_steps(const char *fn, const dtl_plan *p, const dtl__ex_layout *L, const dtl__ex_ctx *ctx,
+                                 void *const *base, dtl_comm *pc, int n) {
+  const struct dtl__plan_exec *x = p->exec;
+  size_t es = ctx->es;
+  for (int k = 0; k < n; k++) {
+    const dtl__ex_step *e = &x->ex[k];
+    if (e->op == EX_NONE) continue;
+    int in = L->in[k], out = L->out[k];
+    void *tp = dtl__step_tmp(L, k, e, base, es);
+    dtl_comm *c = e->op == EX_EXCHANGE ? pc : p->src.mesh->dim_comm[e->m];
+    dtl_status st;
+    if (L->staged[k]) {
+      char *staging = dtl__at(tp, e->t, es);
+      st = dtl__ex_run_step(ctx, e, c, base[in], staging, e->t ? tp : NULL);
+      if (st == DTL_OK && e->b) st = dtl__mem_copy(&c->mem, base[out], staging, e->b * es);
+    } else {
+      st = dtl__ex_run_step(ctx, e, c, base[in], base[out], tp);
+    }
+    if (st != DTL_OK) {
+      if (e->op == EX_EXCHANGE) return dtl__error_prefix(st, "%s: step %d (exchange)", fn, k);
+      return dtl__error_prefix(st, "%s: step %d (%s on mesh dim %d)", fn, k, dtl__plan_step_name(p->steps[k].kind),
+                               p->steps[k].mesh_dim);
+    }
+  }
+  return DTL_OK;
+}
+
+/* dtl__plan_run, with the DTL_CHECK agreement or (a nonblocking start, which never waits for its peers) without. */
+static dtl_status dtl__plan_exec_steps(const char *fn, const dtl_plan *p, const void *src_local, void *dst_local,
+                                       bool own, void *ws, size_t ws_bytes, bool agree) {
   DTL_CHECK_ARG(p != NULL, fn, "plan=NULL");
   const dtl_mesh *mesh = p->src.mesh;
   DTL_CHECK_ARG(mesh != NULL && p->dst.mesh != NULL, fn, "the plan has no meshes");
@@ -96,41 +136,20 @@ dtl_status dtl__plan_run(const char *fn, const dtl_plan *p, const void *src_loca
   const dtl__ex_layout *L = NULL;
   dtl_status st = dtl__run_args(fn, p, src_local, dst_local, own, &ws, ws_bytes, &L);
   /* Every check and allocation is behind us: with DTL_CHECK the ranks agree here, before the first step. */
-  DTL_TRY(dtl__plan_agree(fn, p, st));
-  size_t es = dtl_dtype_size(p->src.dtype), d0 = p->dst.local_count;
-
-  size_t *counts = x->counts;
+  if (agree) st = dtl__plan_agree(fn, p, st);
+  if (st != DTL_OK) return st;
+  size_t es = dtl_dtype_size(p->src.dtype), d0 = p->dst.local_count, *counts = x->counts;
   int g = x->gmax;
   dtl__ex_ctx ctx = {p->src.ndim, es, p->src.dtype, counts, counts + g, counts + 2 * g, counts + 3 * g, counts + 4 * g};
   void *base[AT_NPLACES] = {(void *)(uintptr_t)src_local, dst_local, ws};
-  for (int k = 0; k < p->nsteps; k++) {
-    const dtl__ex_step *e = &x->ex[k];
-    if (e->op == EX_NONE) continue;
-    int in = L->in[k], out = L->out[k], tmp = L->tmp[k];
-    void *tp = NULL;
-    if (tmp != AT_NONE) {
-      size_t data = 0;
-      if (in == tmp) data = e->a;
-      if (out == tmp && e->b > data) data = e->b;
-      tp = dtl__at(base[tmp], data, es);
-    }
-    dtl_comm *c = e->op == EX_EXCHANGE ? pc : mesh->dim_comm[e->m];
-    dtl_status st;
-    if (L->staged[k]) {
-      char *staging = dtl__at(tp, e->t, es);
-      st = dtl__ex_run_step(&ctx, e, c, base[in], staging, e->t ? tp : NULL);
-      if (st == DTL_OK && e->b) st = dtl__mem_copy(&c->mem, base[out], staging, e->b * es);
-    } else {
-      st = dtl__ex_run_step(&ctx, e, c, base[in], base[out], tp);
-    }
-    if (st != DTL_OK) {
-      if (e->op == EX_EXCHANGE) return dtl__error_prefix(st, "%s: step %d (exchange)", fn, k);
-      return dtl__error_prefix(st, "%s: step %d (%s on mesh dim %d)", fn, k, dtl__plan_step_name(p->steps[k].kind),
-                               p->steps[k].mesh_dim);
-    }
-  }
+  DTL_TRY(dtl__run_steps(fn, p, L, &ctx, base, pc, p->nsteps));
   if (L->final_at != AT_DST && d0) DTL_TRY(dtl__mem_copy(dtl__mesh_mem(p->dst.mesh), dst_local, base[L->final_at], d0 * es));
   return DTL_OK;
+}
+
+dtl_status dtl__plan_run(const char *fn, const dtl_plan *p, const void *src_local, void *dst_local, bool own,
+                         void *ws, size_t ws_bytes) {
+  return dtl__plan_exec_steps(fn, p, src_local, dst_local, own, ws, ws_bytes, true);
 }
 
 dtl_status dtl_plan_execute(const dtl_plan *p, const void *src_local, void *dst_local) {
@@ -140,4 +159,175 @@ dtl_status dtl_plan_execute(const dtl_plan *p, const void *src_local, void *dst_
 dtl_status dtl_plan_execute_with_workspace(const dtl_plan *p, const void *src_local, void *dst_local, void *ws,
                                            size_t ws_bytes) {
   return dtl__plan_run("dtl_plan_execute_with_workspace", p, src_local, dst_local, false, ws, ws_bytes);
+}
+
+/* --- nonblocking execution ------------------------------------------------------------------------------------ */
+
+/* A plan's one nonblocking execution: the local steps before its exchange ran at the start; then the exchange runs
+ * round by round (each round started by the previous one's completion, in dtl_test or dtl_wait), then what follows it
+ * (its own piece in the other modes, the staging copy, the final copy). */
+struct dtl__plan_request {
+  struct dtl_request base;
+  const dtl_plan *plan;
+  const dtl__ex_layout *L;
+  dtl__ex_ctx ctx;
+  void *buf[AT_NPLACES]; /* src, dst, workspace */
+  void *in, *out, *tmp; /* the exchange's */
+  int round;            /* the round in flight (xrounds: all done) */
+  dtl_request *inner;   /* its transport request (NULL: this rank moved nothing in it) */
+  bool busy, done;
+  dtl_status st;
+};
+
+/* Completes what follows the rounds: the exchange's end, its staging copy, the final copy into dst. */
+static dtl_status dtl__req_tail(struct dtl__plan_request *r) {
+  const dtl_plan *p = r->plan;
+  const struct dtl__plan_exec *x = p->exec;
+  int k = p->nsteps - 1;
+  const dtl__ex_step *e = &x->ex[k];
+  size_t es = r->ctx.es, d0 = p->dst.local_count;
+  DTL_TRY(dtl__xchg_end(&r->ctx, e, r->base.comm, r->in, r->out));
+  if (r->L->staged[k] && e->b) DTL_TRY(dtl__mem_copy(&r->base.comm->mem, r->buf[r->L->out[k]], r->out, e->b * es));
+  if (r->L->final_at != AT_DST && d0)
+    DTL_TRY(dtl__mem_copy(dtl__mesh_mem(p->dst.mesh), r->buf[AT_DST], r->buf[r->L->final_at], d0 * es));
+  return DTL_OK;
+}
+
+/* Moves the execution on: when wait, until it is complete; else as far as it can without blocking. */
+static dtl_status dtl__req_advance(struct dtl__plan_request *r, bool wait) {
+  const dtl__ex_step *e = &r->plan->exec->ex[r->plan->nsteps - 1];
+  int rounds = e->x->xrounds;
+  while (!r->done && r->st == DTL_OK) {
+    if (r->inner) {
+      if (!wait) {
+        bool ok = false;
+        dtl_request *in = r->inner;
+        r->st = in->test ? in->test(in, &ok) : in->comm->ops->test(in, &ok);
+        if (r->st != DTL_OK || !ok) return r->st;
+      }
+      dtl_request *in = r->inner;
+      r->inner = NULL;
+      r->st = in->wait ? in->wait(in) : in->comm->ops->wait(in);
+      if (r->st != DTL_OK) break;
+      r->st = dtl__xchg_round_done(&r->ctx, e, r->base.comm, r->round, r->out, r->tmp);
+      r->round++;
+      continue;
+    }
+    if (r->round < rounds) {
+      r->st = dtl__xchg_round(&r->ctx, e, r->base.comm, r->round, r->in, r->out, r->tmp, &r->inner);
+      if (r->st == DTL_OK && !r->inner) r->round++; /* nothing moved by this rank in this round: already placed */
+      continue;
+    }
+    r->st = dtl__req_tail(r);
+    r->done = true;
+  }
+  return r->st;
+}
+
+static dtl_status dtl__req_test(dtl_request *req, bool *done) {
+  struct dtl__plan_request *r = (struct dtl__plan_request *)req;
+  dtl_status st = dtl__req_advance(r, false);
+  *done = r->done || st != DTL_OK;
+  return st;
+}
+
+static dtl_status dtl__req_wait(dtl_request *req) {
+  struct dtl__plan_request *r = (struct dtl__plan_request *)req;
+  dtl_status st = dtl__req_advance(r, true);
+  if (r->inner) { /* a failure left a round in flight: complete it before its buffers go back to the caller */
+    dtl_request *in = r->inner;
+    r->inner = NULL;
+    (void)(in->wait ? in->wait(in) : in->comm->ops->wait(in));
+  }
+  r->busy = false;
+  return st == DTL_OK ? DTL_OK : dtl__error_prefix(st, "dtl_wait (dtl_plan_execute_async)");
+}
+
+/* Why p cannot run nonblocking on this transport (NULL: it can): only its last step may communicate, and that
+ * step must be an exchange (a collective step has no nonblocking form here). */
+static const char *dtl__async_refusal(const dtl_plan *p, char *buf, size_t cap) {
+  const struct dtl__plan_exec *x = p->exec;
+  for (int k = 0; k < p->nsteps; k++) {
+    dtl__ex_op op = x->ex[k].op;
+    bool comm = op == EX_ALL_REDUCE || op == EX_GATHER || op == EX_REDUCE_SCATTER || op == EX_ALL_TO_ALL;
+    if (comm) {
+      snprintf(buf, cap, "plan step %d (%s on mesh dim %d) is a collective, and only an exchange runs nonblocking on "
+               "MPI (plans whose one communicating step is an exchange: any layouts without pending Partials)", k + 1,
+               dtl__plan_step_name(p->steps[k].kind), p->steps[k].mesh_dim);
+      return buf;
+    }
+  }
+  return NULL;
+}
+
+dtl_status dtl_plan_execute_async(const dtl_plan *p, const void *src_local, void *dst_local, dtl_request **req) {
+  static const char fn[] = "dtl_plan_execute_async";
+  DTL_CHECK_ARG(p != NULL, fn, "plan=NULL");
+  DTL_CHECK_ARG(req != NULL, fn, "req=NULL");
+  DTL_CHECK_ARG(p->src.mesh->parent != NULL, fn, "the plan's mesh is abstract (dtl_mesh_create_abstract): it has no "
+                "communicators, so its plans can be explained but not executed");
+  struct dtl__plan_exec *x = p->exec;
+  if (!x) return dtl__error_fn(DTL_ERR_INTERNAL, fn, "the plan was never compiled (plans come from dtl_plan_create)");
+  if (x->req && x->req->busy)
+    return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "the plan already has an execution in flight (dtl_wait its "
+                         "request first: a plan runs one execution at a time)");
+  char why[256];
+  dtl_comm *pc = dtl__plan_comm(p);
+  bool device = dtl__mesh_mem(p->src.mesh)->ops->memory == DTL_MEMORY_DEVICE;
+  const char *no = pc && !device ? dtl__async_refusal(p, why, sizeof why) : NULL;
+  if (no) return dtl__error_fn(DTL_ERR_UNSUPPORTED, fn, "%s", no);
+  if (!x->req && !(x->req = dtl__calloc(1, sizeof *x->req)))
+    return dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory for the plan's request");
+  struct dtl__plan_request *r = x->req;
+  memset(r, 0, sizeof *r);
+  r->plan = p;
+  r->base.wait = dtl__req_wait;
+  r->base.test = dtl__req_test;
+  r->base.comm = pc ? pc : p->src.mesh->parent;
+  r->done = true; /* until there is a round to run */
+  if (!pc) { /* in neither mesh */
+    DTL_CHECK_ARG(src_local == NULL && dst_local == NULL, fn, "src_local=%p, dst_local=%p but this rank is in neither "
+                  "mesh of the plan (pass NULL for both)", src_local, dst_local);
+    r->busy = true;
+    *req = &r->base;
+    return DTL_OK;
+  }
+  if (device) { /* NCCL: the whole plan is enqueued on the stream, which is what asynchronous means there */
+    DTL_TRY(dtl__plan_exec_steps(fn, p, src_local, dst_local, true, NULL, 0, false));
+    r->busy = true;
+    *req = &r->base;
+    return DTL_OK;
+  }
+  const dtl__ex_layout *L = NULL;
+  void *ws = NULL;
+  DTL_TRY(dtl__run_args(fn, p, src_local, dst_local, true, &ws, 0, &L));
+  size_t es = dtl_dtype_size(p->src.dtype), *counts = x->counts;
+  int g = x->gmax;
+  r->ctx = (dtl__ex_ctx){p->src.ndim, es, p->src.dtype, counts, counts + g, counts + 2 * g, counts + 3 * g, counts + 4 * g};
+  r->L = L;
+  r->buf[AT_SRC] = (void *)(uintptr_t)src_local;
+  r->buf[AT_DST] = dst_local;
+  r->buf[AT_SCR] = ws;
+  int xk = p->nsteps - 1;
+  bool exchange = xk >= 0 && x->ex[xk].op == EX_EXCHANGE;
+  /* The local steps before the exchange (or all of a plan without one) now, then the exchange's first round. */
+  dtl_status st = dtl__run_steps(fn, p, L, &r->ctx, r->buf, pc, exchange ? xk : p->nsteps);
+  if (st == DTL_OK && exchange) {
+    const dtl__ex_step *e = &x->ex[xk];
+    r->in = r->buf[L->in[xk]];
+    r->tmp = dtl__step_tmp(L, xk, e, r->buf, es);
+    r->out = L->staged[xk] ? dtl__at(r->tmp, e->t, es) : r->buf[L->out[xk]];
+    r->done = false;
+    st = dtl__xchg_begin(&r->ctx, e, pc, r->in, r->out);
+    if (st == DTL_OK) st = dtl__req_advance(r, false);
+  } else if (st == DTL_OK && L->final_at != AT_DST && p->dst.local_count) {
+    st = dtl__mem_copy(dtl__mesh_mem(p->dst.mesh), dst_local, r->buf[L->final_at], p->dst.local_count * es);
+  }
+  if (st != DTL_OK) {
+    if (r->inner) dtl__req_wait(&r->base);
+    return dtl__error_prefix(st, "%s", fn);
+  }
+  r->busy = true;
+  *req = &r->base;
+  return DTL_OK;
 }

@@ -132,6 +132,8 @@ struct dtl__plan_exec {
   /* 5 x gmax per-peer counts and displacements that the runners fill chunk by chunk. A plan runs one call at a
    * time (like every call on one mesh), so one set serves every call. */
   size_t *counts;
+  /* The one nonblocking execution a plan can have in flight (dtl_plan_execute_async); its request is this. */
+  struct dtl__plan_request *req;
   /* The plan's own workspace in the mesh communicator's memory (allocated by its first execution that needs
    * scratch, grown at most once more; never by dtl_plan_execute_with_workspace) and the memory it came from
    * (a copy: the mesh may be half torn down when its cached plans are destroyed). */
@@ -153,9 +155,17 @@ typedef struct {
 /* Runs compiled step e on the mesh dim's communicator c: reads in, writes out, may use tmp (e->t elements). */
 dtl_status dtl__ex_run_step(const dtl__ex_ctx *x, const dtl__ex_step *e, dtl_comm *c, const void *in, void *out,
                             void *tmp);
-/* The exchange runner (exchange.c): on c, the meshes' communicator or their parent. */
+/* The exchange runner (exchange.c): on c, the meshes' communicator or their parent. Blocking, and in the parts that
+ * a nonblocking execution runs apart: begin (the own piece or fill, in the apart mode), each round (started; with
+ * req NULL also completed and placed, else *req is the transport's request of the round, or NULL when this rank
+ * moves nothing in it), the placing of a completed round, and end (the own piece or fill, in the other modes). */
 dtl_status dtl__ex_run_exchange(const dtl__ex_ctx *x, const dtl__ex_step *e, dtl_comm *c, const void *in, void *out,
                                 void *tmp);
+dtl_status dtl__xchg_begin(const dtl__ex_ctx *x, const dtl__ex_step *e, dtl_comm *c, const void *in, void *out);
+dtl_status dtl__xchg_round(const dtl__ex_ctx *x, const dtl__ex_step *e, dtl_comm *c, int r, const void *in, void *out,
+                           void *tmp, dtl_request **req);
+dtl_status dtl__xchg_round_done(const dtl__ex_ctx *x, const dtl__ex_step *e, dtl_comm *c, int r, void *out, void *tmp);
+dtl_status dtl__xchg_end(const dtl__ex_ctx *x, const dtl__ex_step *e, dtl_comm *c, const void *in, void *out);
 /* The all-to-all runner (all_to_all.c). */
 dtl_status dtl__ex_run_all_to_all(const dtl__ex_ctx *x, const dtl__ex_step *e, dtl_comm *c, const void *in, void *out,
                                   void *tmp);

@@ -129,12 +129,12 @@ static dtl_status dtl__plan_cache_workspace(const dtl_mesh *m, size_t bytes, voi
   DTL_TRY(dtl__plan_cache_of(m, &pc));
   if (bytes > pc->ws_bytes) {
     void *q = NULL;
-    dtl_status st = dtl__mem_alloc(&m->comm->mem, bytes, &q);
+    dtl_status st = dtl__mem_alloc(dtl__mesh_mem(m), bytes, &q);
     if (st != DTL_OK) return dtl__error_prefix(st, "dtl_redistribute: a workspace of %zu bytes", bytes);
     if (pc->ws) dtl__mem_free(&pc->ws_mem, pc->ws);
     pc->ws = q;
     pc->ws_bytes = bytes;
-    pc->ws_mem = m->comm->mem;
+    pc->ws_mem = *dtl__mesh_mem(m);
   }
   *out = pc->ws;
   return DTL_OK;
@@ -179,36 +179,29 @@ dtl_status dtl__plan_agree(const char *fn, const dtl_plan *p, dtl_status local) 
 
 /* --- entry points --------------------------------------------------------------------------------------- */
 
-static void dtl__shape_text(const dtl_layout *l, char *buf, size_t cap) {
-  size_t o = (size_t)snprintf(buf, cap, "[");
-  for (int d = 0; d < l->ndim && o < cap; d++) o += (size_t)snprintf(buf + o, cap - o, d ? ",%lld" : "%lld", (long long)l->shape[d]);
-  if (o < cap) snprintf(buf + o, cap - o, "]");
-}
-
-/* Checks that need no communication (the caller has checked that both layouts exist). */
-static dtl_status dtl__redistribute_args(const char *fn, const dtl_layout *src, const void *src_local, const dtl_layout *dst,
-                                         const void *dst_local) {
-  if (src->mesh != dst->mesh)
-    return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "src and dst layouts are on different meshes (%p and %p); "
-                         "redistribution stays on one mesh", (const void *)src->mesh, (const void *)dst->mesh);
-  if (src->dtype != dst->dtype)
-    return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "src dtype=%s but dst dtype=%s (expected equal)",
-                         dtl_dtype_name(src->dtype), dtl_dtype_name(dst->dtype));
-  bool same = src->ndim == dst->ndim;
-  for (int d = 0; same && d < src->ndim; d++) same = src->shape[d] == dst->shape[d];
-  if (!same) {
-    char a[128], b[128];
-    dtl__shape_text(src, a, sizeof a);
-    dtl__shape_text(dst, b, sizeof b);
-    return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "src global shape=%s but dst global shape=%s (expected equal)", a, b);
+/* The agreement of a call that could not plan (a plan agrees in its execution): over the mesh, or over the ranks of
+ * both meshes, which form no communicator (their parent ranks, gathered here). */
+static dtl_status dtl__pair_agree(const char *fn, const dtl_layout *src, const dtl_layout *dst, dtl_status local) {
+  const dtl_mesh *sm = src->mesh, *dm = dst->mesh;
+  if (sm->parent != dm->parent) return local; /* no communicator joins them: nothing to agree over */
+  if (sm == dm) return sm->comm ? dtl__agree_checked(sm->comm, fn, 0, local) : local;
+  dtl_comm *c = sm->parent;
+  if (!c->check) return local;
+  int *group = dtl__malloc(sizeof(int) * (size_t)c->size), n = 0;
+  if (!group) return local; /* cannot name the peers: this rank returns alone */
+  for (int r = 0; r < c->size; r++) {
+    bool in = false;
+    for (int i = 0; i < sm->size && !in; i++) in = dtl__mesh_parent_rank(sm, i) == r;
+    for (int i = 0; i < dm->size && !in; i++) in = dtl__mesh_parent_rank(dm, i) == r;
+    if (in) group[n++] = r;
   }
-  DTL_CHECK_ARG(src_local != NULL || src->local_count == 0, fn, "src_local=NULL with %zu local elements", src->local_count);
-  DTL_CHECK_ARG(dst_local != NULL || dst->local_count == 0, fn, "dst_local=NULL with %zu local elements", dst->local_count);
-  return DTL_OK;
+  dtl_status st = dtl__agree_among(c, n, group, fn, 0, local);
+  dtl__free(group);
+  return st;
 }
 
 static dtl_status dtl__require_comm(const char *fn, const dtl_layout *l) {
-  if (!l->mesh->comm)
+  if (!l->mesh->parent)
     return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "the layout's mesh is abstract (dtl_mesh_create_abstract): it "
                          "has no communicators, so nothing can be moved on it");
   return DTL_OK;
@@ -219,14 +212,20 @@ dtl_status dtl_redistribute(const dtl_layout *src, const void *src_local, const 
   DTL_CHECK_ARG(src != NULL, fn, "src=NULL");
   DTL_CHECK_ARG(dst != NULL, fn, "dst=NULL");
   DTL_TRY(dtl__require_comm(fn, src));
-  dtl_status local = dtl__redistribute_args(fn, src, src_local, dst, dst_local);
+  DTL_TRY(dtl__require_comm(fn, dst));
+  if (!src->mesh->member && !dst->mesh->member) { /* in neither mesh: no part to play, and no peer waits */
+    DTL_CHECK_ARG(src_local == NULL && dst_local == NULL, fn, "src_local=%p, dst_local=%p but this rank is in neither "
+                  "mesh (pass NULL for both)", src_local, dst_local);
+    return dtl__plan_check_pair(fn, src, dst);
+  }
+  dtl_status local = dtl__plan_check_pair(fn, src, dst);
   const dtl_plan *plan = NULL;
   void *ws = NULL;
   size_t need = 0;
   if (local == DTL_OK) local = dtl__plan_cached(src, dst, &plan);
   if (local == DTL_OK) local = dtl__plan_cache_workspace(src->mesh, need = dtl_plan_workspace_bytes(plan), &ws);
   /* A rank that cannot execute takes part in the agreement its peers run inside the execution. */
-  if (local != DTL_OK) return dtl__agree_checked(src->mesh->comm, fn, 0, local);
+  if (local != DTL_OK) return dtl__pair_agree(fn, src, dst, local);
   return dtl__plan_run(fn, plan, src_local, dst_local, false, ws, need);
 }
 

@@ -163,40 +163,101 @@ dtl_status dtl_plan_execute_with_workspace(const dtl_plan *p, const void *src_lo
 
 /* --- nonblocking execution ------------------------------------------------------------------------------------ */
 
-/* A plan's one nonblocking execution: the local steps before its exchange ran at the start; then the exchange runs
- * round by round (each round started by the previous one's completion, in dtl_test or dtl_wait), then what follows it
- * (its own piece in the other modes, the staging copy, the final copy). */
+/* A plan's one nonblocking execution: the local steps before its communicating step k ran at the start, which also
+ * started k; an exchange then runs round by round (each round started by the previous one's completion, in dtl_test
+ * or dtl_wait); after k completes, the local steps after it and the final copy run. */
 struct dtl__plan_request {
   struct dtl_request base;
   const dtl_plan *plan;
   const dtl__ex_layout *L;
   dtl__ex_ctx ctx;
   void *buf[AT_NPLACES]; /* src, dst, workspace */
-  void *in, *out, *tmp; /* the exchange's */
-  int round;            /* the round in flight (xrounds: all done) */
-  dtl_request *inner;   /* its transport request (NULL: this rank moved nothing in it) */
+  int k;                 /* the communicating step (nsteps: none) */
+  void *in, *out, *tmp;  /* its buffers (out: the staging region when it is staged) */
+  int round;             /* an exchange's round in flight (xrounds: all done) */
+  dtl_request *inner;    /* the transport's request in flight (NULL: none) */
   bool busy, done;
   dtl_status st;
 };
 
-/* Completes what follows the rounds: the exchange's end, its staging copy, the final copy into dst. */
+/* The transport's nonblocking form of collective step e (in, out), started into *req; false when there is none (req
+ * NULL: only says whether there is). */
+static bool dtl__collective_async(const dtl__ex_ctx *x, const dtl__ex_step *e, dtl_comm *c, const void *in, void *out,
+                                  dtl_request **req, dtl_status *st) {
+  const dtl__comm_ops *o = c->ops;
+  switch (e->op) {
+    case EX_ALL_REDUCE:
+      if (!o->all_reduce_async) return false;
+      if (req) *st = e->a ? o->all_reduce_async(c, in, out, e->a, x->t, e->rop, req) : DTL_OK;
+      return true;
+    case EX_GATHER: {
+      if (e->unpack || !o->all_gather_async || !o->all_gatherv_async) return false;
+      if (!req) return true;
+      const size_t *n = e->peers[0].count;
+      bool even = true;
+      for (int k = 1; k < c->size; k++) even &= n[k] == n[0];
+      *st = e->total == 0 ? DTL_OK : even ? o->all_gather_async(c, in, out, e->a, x->t, req)
+                                          : o->all_gatherv_async(c, in, e->a, out, n, x->t, req);
+      return true;
+    }
+    case EX_REDUCE_SCATTER: {
+      if (e->pack || !o->reduce_scatter_async) return false;
+      const size_t *n = e->peers[1].count;
+      for (int k = 1; k < e->g; k++)
+        if (n[k] != n[0]) return false; /* uneven: no nonblocking reduce-scatter-v */
+      if (req) *st = e->a ? o->reduce_scatter_async(c, in, out, n[0], x->t, e->rop, req) : DTL_OK;
+      return true;
+    }
+    case EX_ALL_TO_ALL: {
+      if (e->pack || e->unpack || e->crows || e->scattered || !o->all_to_all_async || !o->all_to_allv_async) return false;
+      if (!req) return true;
+      int64_t is[DTL_MAX_TENSOR_DIMS], io[DTL_MAX_TENSOR_DIMS], ps[DTL_MAX_TENSOR_DIMS], po[DTL_MAX_TENSOR_DIMS];
+      for (int k = 0; k < c->size; k++) { /* what goes to and comes from each peer: its box within the other side */
+        dtl__ex_peer_box(e, x->nd, 1, k, ps, po);
+        x->cnt_a[k] = dtl__ex_intersect(x->nd, e->in_shape, e->in_off, ps, po, is, io) ? dtl__box_count(x->nd, is) : 0;
+        dtl__ex_peer_box(e, x->nd, 0, k, ps, po);
+        x->cnt_b[k] = dtl__ex_intersect(x->nd, ps, po, e->out_shape, e->out_off, is, io) ? dtl__box_count(x->nd, is) : 0;
+      }
+      *st = e->total == 0 ? DTL_OK : e->even ? o->all_to_all_async(c, in, out, x->cnt_a[0], x->t, req)
+                                             : o->all_to_allv_async(c, in, x->cnt_a, out, x->cnt_b, x->t, req);
+      return true;
+    }
+    default: return false;
+  }
+}
+
+/* The steps after the communicating one: its staging copy, the local steps, the final copy into dst. */
 static dtl_status dtl__req_tail(struct dtl__plan_request *r) {
   const dtl_plan *p = r->plan;
   const struct dtl__plan_exec *x = p->exec;
-  int k = p->nsteps - 1;
-  const dtl__ex_step *e = &x->ex[k];
   size_t es = r->ctx.es, d0 = p->dst.local_count;
-  DTL_TRY(dtl__xchg_end(&r->ctx, e, r->base.comm, r->in, r->out));
-  if (r->L->staged[k] && e->b) DTL_TRY(dtl__mem_copy(&r->base.comm->mem, r->buf[r->L->out[k]], r->out, e->b * es));
+  int k = r->k;
+  if (k < p->nsteps) {
+    const dtl__ex_step *e = &x->ex[k];
+    if (e->op == EX_EXCHANGE) DTL_TRY(dtl__xchg_end(&r->ctx, e, r->base.comm, r->in, r->out));
+    if (r->L->staged[k] && e->b) DTL_TRY(dtl__mem_copy(&r->base.comm->mem, r->buf[r->L->out[k]], r->out, e->b * es));
+    for (int j = k + 1; j < p->nsteps; j++) { /* local: no communicator is used but for its memory */
+      const dtl__ex_step *f = &x->ex[j];
+      if (f->op == EX_NONE) continue;
+      void *tp = dtl__step_tmp(r->L, j, f, r->buf, es);
+      void *out = r->L->staged[j] ? dtl__at(tp, f->t, es) : r->buf[r->L->out[j]];
+      DTL_TRY(dtl__ex_run_step(&r->ctx, f, r->base.comm, r->buf[r->L->in[j]], out, tp));
+      if (r->L->staged[j] && f->b) DTL_TRY(dtl__mem_copy(&r->base.comm->mem, r->buf[r->L->out[j]], out, f->b * es));
+    }
+  }
   if (r->L->final_at != AT_DST && d0)
     DTL_TRY(dtl__mem_copy(dtl__mesh_mem(p->dst.mesh), r->buf[AT_DST], r->buf[r->L->final_at], d0 * es));
   return DTL_OK;
 }
 
+static dtl_status dtl__inner_wait(dtl_request *in) { return in->wait ? in->wait(in) : in->comm->ops->wait(in); }
+
 /* Moves the execution on: when wait, until it is complete; else as far as it can without blocking. */
 static dtl_status dtl__req_advance(struct dtl__plan_request *r, bool wait) {
-  const dtl__ex_step *e = &r->plan->exec->ex[r->plan->nsteps - 1];
-  int rounds = e->x->xrounds;
+  const dtl_plan *p = r->plan;
+  const dtl__ex_step *e = r->k < p->nsteps ? &p->exec->ex[r->k] : NULL;
+  bool exchange = e && e->op == EX_EXCHANGE;
+  int rounds = exchange ? e->x->xrounds : 0;
   while (!r->done && r->st == DTL_OK) {
     if (r->inner) {
       if (!wait) {
@@ -207,15 +268,15 @@ static dtl_status dtl__req_advance(struct dtl__plan_request *r, bool wait) {
       }
       dtl_request *in = r->inner;
       r->inner = NULL;
-      r->st = in->wait ? in->wait(in) : in->comm->ops->wait(in);
-      if (r->st != DTL_OK) break;
+      r->st = dtl__inner_wait(in);
+      if (r->st != DTL_OK || !exchange) continue;
       r->st = dtl__xchg_round_done(&r->ctx, e, r->base.comm, r->round, r->out, r->tmp);
       r->round++;
       continue;
     }
     if (r->round < rounds) {
       r->st = dtl__xchg_round(&r->ctx, e, r->base.comm, r->round, r->in, r->out, r->tmp, &r->inner);
-      if (r->st == DTL_OK && !r->inner) r->round++; /* nothing moved by this rank in this round: already placed */
+      if (r->st == DTL_OK && !r->inner) r->round++; /* this rank moved nothing in the round: already placed */
       continue;
     }
     r->st = dtl__req_tail(r);
@@ -234,30 +295,46 @@ static dtl_status dtl__req_test(dtl_request *req, bool *done) {
 static dtl_status dtl__req_wait(dtl_request *req) {
   struct dtl__plan_request *r = (struct dtl__plan_request *)req;
   dtl_status st = dtl__req_advance(r, true);
-  if (r->inner) { /* a failure left a round in flight: complete it before its buffers go back to the caller */
+  if (r->inner) { /* a failure left a transfer in flight: complete it before its buffers go back to the caller */
     dtl_request *in = r->inner;
     r->inner = NULL;
-    (void)(in->wait ? in->wait(in) : in->comm->ops->wait(in));
+    (void)dtl__inner_wait(in);
   }
   r->busy = false;
   return st == DTL_OK ? DTL_OK : dtl__error_prefix(st, "dtl_wait (dtl_plan_execute_async)");
 }
 
-/* Why p cannot run nonblocking on this transport (NULL: it can): only its last step may communicate, and that
- * step must be an exchange (a collective step has no nonblocking form here). */
-static const char *dtl__async_refusal(const dtl_plan *p, char *buf, size_t cap) {
-  const struct dtl__plan_exec *x = p->exec;
+/* The one communicating step of p (p->nsteps: none), or -1 with *why set when p cannot run nonblocking on MPI. The
+ * rule reads the plan's steps only, so that every rank of both meshes decides alike (a rank outside the mesh of a
+ * step has nothing to run there): at most one step may communicate, and it must be an exchange, an all-reduce, or an
+ * all-gather of a tensor dim with no dim of extent > 1 before it (its blocks land in place on every rank). */
+static int dtl__async_step(const dtl_plan *p, char *why, size_t cap) {
+  const dtl_mesh *m = p->src.mesh;
+  int found = p->nsteps;
   for (int k = 0; k < p->nsteps; k++) {
-    dtl__ex_op op = x->ex[k].op;
-    bool comm = op == EX_ALL_REDUCE || op == EX_GATHER || op == EX_REDUCE_SCATTER || op == EX_ALL_TO_ALL;
-    if (comm) {
-      snprintf(buf, cap, "plan step %d (%s on mesh dim %d) is a collective, and only an exchange runs nonblocking on "
-               "MPI (plans whose one communicating step is an exchange: any layouts without pending Partials)", k + 1,
-               dtl__plan_step_name(p->steps[k].kind), p->steps[k].mesh_dim);
-      return buf;
+    const dtl__plan_step *st = &p->steps[k];
+    bool comm = st->kind == DTL__STEP_EXCHANGE ||
+                (st->kind != DTL__STEP_LOCAL_SLICE && st->kind != DTL__STEP_LOCAL_PARTIAL && m->shape[st->mesh_dim] > 1);
+    if (!comm) continue;
+    if (found < p->nsteps) {
+      snprintf(why, cap, "plan steps %d and %d both communicate; a nonblocking execution runs one communicating step "
+               "(an exchange, an all-reduce or an all-gather of the outermost dim)", found + 1, k + 1);
+      return -1;
+    }
+    found = k;
+    bool ok = st->kind == DTL__STEP_EXCHANGE || st->kind == DTL__STEP_ALL_REDUCE;
+    if (st->kind == DTL__STEP_ALL_GATHER) {
+      ok = true;
+      for (int d = 0; d < st->before[st->mesh_dim].dim; d++) ok &= p->src.shape[d] <= 1;
+    }
+    if (!ok) {
+      snprintf(why, cap, "plan step %d (%s on mesh dim %d) has no nonblocking form (only an exchange, an all-reduce or "
+               "an all-gather of the outermost dim does); run it with dtl_plan_execute", k + 1,
+               dtl__plan_step_name(st->kind), st->mesh_dim);
+      return -1;
     }
   }
-  return NULL;
+  return found;
 }
 
 dtl_status dtl_plan_execute_async(const dtl_plan *p, const void *src_local, void *dst_local, dtl_request **req) {
@@ -271,11 +348,14 @@ dtl_status dtl_plan_execute_async(const dtl_plan *p, const void *src_local, void
   if (x->req && x->req->busy)
     return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "the plan already has an execution in flight (dtl_wait its "
                          "request first: a plan runs one execution at a time)");
-  char why[256];
   dtl_comm *pc = dtl__plan_comm(p);
+  size_t es = dtl_dtype_size(p->src.dtype), *counts = x->counts;
+  int g = x->gmax;
+  dtl__ex_ctx ctx = {p->src.ndim, es, p->src.dtype, counts, counts + g, counts + 2 * g, counts + 3 * g, counts + 4 * g};
   bool device = dtl__mesh_mem(p->src.mesh)->ops->memory == DTL_MEMORY_DEVICE;
-  const char *no = pc && !device ? dtl__async_refusal(p, why, sizeof why) : NULL;
-  if (no) return dtl__error_fn(DTL_ERR_UNSUPPORTED, fn, "%s", no);
+  char why[320];
+  int k = pc && !device ? dtl__async_step(p, why, sizeof why) : p->nsteps;
+  if (k < 0) return dtl__error_fn(DTL_ERR_UNSUPPORTED, fn, "%s", why);
   if (!x->req && !(x->req = dtl__calloc(1, sizeof *x->req)))
     return dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory for the plan's request");
   struct dtl__plan_request *r = x->req;
@@ -284,48 +364,45 @@ dtl_status dtl_plan_execute_async(const dtl_plan *p, const void *src_local, void
   r->base.wait = dtl__req_wait;
   r->base.test = dtl__req_test;
   r->base.comm = pc ? pc : p->src.mesh->parent;
-  r->done = true; /* until there is a round to run */
+  r->ctx = ctx;
+  r->k = p->nsteps;
+  r->done = true; /* until there is something left to run */
   if (!pc) { /* in neither mesh */
     DTL_CHECK_ARG(src_local == NULL && dst_local == NULL, fn, "src_local=%p, dst_local=%p but this rank is in neither "
                   "mesh of the plan (pass NULL for both)", src_local, dst_local);
-    r->busy = true;
-    *req = &r->base;
-    return DTL_OK;
-  }
-  if (device) { /* NCCL: the whole plan is enqueued on the stream, which is what asynchronous means there */
+  } else if (device) { /* NCCL: the whole plan is enqueued on the stream, which is what asynchronous means there */
     DTL_TRY(dtl__plan_exec_steps(fn, p, src_local, dst_local, true, NULL, 0, false));
-    r->busy = true;
-    *req = &r->base;
-    return DTL_OK;
-  }
-  const dtl__ex_layout *L = NULL;
-  void *ws = NULL;
-  DTL_TRY(dtl__run_args(fn, p, src_local, dst_local, true, &ws, 0, &L));
-  size_t es = dtl_dtype_size(p->src.dtype), *counts = x->counts;
-  int g = x->gmax;
-  r->ctx = (dtl__ex_ctx){p->src.ndim, es, p->src.dtype, counts, counts + g, counts + 2 * g, counts + 3 * g, counts + 4 * g};
-  r->L = L;
-  r->buf[AT_SRC] = (void *)(uintptr_t)src_local;
-  r->buf[AT_DST] = dst_local;
-  r->buf[AT_SCR] = ws;
-  int xk = p->nsteps - 1;
-  bool exchange = xk >= 0 && x->ex[xk].op == EX_EXCHANGE;
-  /* The local steps before the exchange (or all of a plan without one) now, then the exchange's first round. */
-  dtl_status st = dtl__run_steps(fn, p, L, &r->ctx, r->buf, pc, exchange ? xk : p->nsteps);
-  if (st == DTL_OK && exchange) {
-    const dtl__ex_step *e = &x->ex[xk];
-    r->in = r->buf[L->in[xk]];
-    r->tmp = dtl__step_tmp(L, xk, e, r->buf, es);
-    r->out = L->staged[xk] ? dtl__at(r->tmp, e->t, es) : r->buf[L->out[xk]];
+  } else {
+    const dtl__ex_layout *L = NULL;
+    void *ws = NULL;
+    DTL_TRY(dtl__run_args(fn, p, src_local, dst_local, true, &ws, 0, &L));
+    r->L = L;
+    r->buf[AT_SRC] = (void *)(uintptr_t)src_local;
+    r->buf[AT_DST] = dst_local;
+    r->buf[AT_SCR] = ws;
+    r->k = k;
     r->done = false;
-    st = dtl__xchg_begin(&r->ctx, e, pc, r->in, r->out);
+    /* The local steps before the communicating one now; then start it. */
+    dtl_status st = dtl__run_steps(fn, p, L, &r->ctx, r->buf, pc, k);
+    if (st == DTL_OK && k < p->nsteps) {
+      const dtl__ex_step *e = &x->ex[k];
+      dtl_comm *c = e->op == EX_EXCHANGE ? pc : p->src.mesh->dim_comm[e->m];
+      r->base.comm = c;
+      r->in = r->buf[L->in[k]];
+      r->tmp = dtl__step_tmp(L, k, e, r->buf, es);
+      r->out = L->staged[k] ? dtl__at(r->tmp, e->t, es) : r->buf[L->out[k]];
+      if (e->op == EX_EXCHANGE) {
+        st = dtl__xchg_begin(&r->ctx, e, c, r->in, r->out);
+      } else if (e->op != EX_NONE && !dtl__collective_async(&r->ctx, e, c, r->in, r->out, &r->inner, &st)) {
+        st = dtl__error_fn(DTL_ERR_UNSUPPORTED, fn, "step %d (%s): the %s transport has no nonblocking form of it", k + 1,
+                           dtl__plan_step_name(p->steps[k].kind), c->ops->name);
+      }
+    }
     if (st == DTL_OK) st = dtl__req_advance(r, false);
-  } else if (st == DTL_OK && L->final_at != AT_DST && p->dst.local_count) {
-    st = dtl__mem_copy(dtl__mesh_mem(p->dst.mesh), dst_local, r->buf[L->final_at], p->dst.local_count * es);
-  }
-  if (st != DTL_OK) {
-    if (r->inner) dtl__req_wait(&r->base);
-    return dtl__error_prefix(st, "%s", fn);
+    if (st != DTL_OK) {
+      dtl__req_wait(&r->base);
+      return dtl__error_prefix(st, "%s", fn);
+    }
   }
   r->busy = true;
   *req = &r->base;

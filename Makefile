@@ -42,7 +42,7 @@ demo:
 	@$(SUBMAKE) setup
 	@$(SUBMAKE) build
 	DTL_CHECK=1 $(MPIRUN) -n $(NP) $(BUILD)/examples/collectives
-	@for ex in quickstart tp_transformer moe context_parallel; do \
+	@for ex in quickstart tp_transformer moe context_parallel pipeline kv_transfer; do \
 	  if [ -x $(BUILD)/examples/$$ex ]; then echo "== $$ex on $(NP) ranks"; \
 	    DTL_CHECK=1 $(MPIRUN) -n $(NP) $(BUILD)/examples/$$ex || exit 1; fi; done
 

@@ -63,7 +63,7 @@ static void tp_check_pair(const dtl_layout *src, const dtl_layout *dst, const dt
   assert_true(fabs(dtl_plan_cost(p) - (double)planned * 1e-12) <= 1e-15 + 1e-12 * (double)planned * 1e-12);
   t->steps += p->nsteps;
   for (int k = 0; k < p->nsteps; k++) /* plans that shard a tensor dim neither end shards */
-    if (p->steps[k].after[p->steps[k].mesh_dim].kind == DTL_SHARD) {
+    if (p->steps[k].kind != DTL__STEP_EXCHANGE && p->steps[k].after[p->steps[k].mesh_dim].kind == DTL_SHARD) {
       bool ends = false;
       for (int md = 0; md < src->mesh->ndim; md++)
         ends |= (src->placements[md].kind == DTL_SHARD && src->placements[md].dim == p->steps[k].after[p->steps[k].mesh_dim].dim) ||

@@ -62,10 +62,12 @@ DTL_API dtl_status dtl_cost_model_default(dtl_memory memory, dtl_cost_model *out
  *   DTL_ERR_UNSUPPORTED with the reason (reaching it would mean a collective whose result the relabeling mostly
  *   discards: ask for R there, or redistribute through R in two calls).
  * Memory: a plan's scratch (dtl_plan_scratch_bytes) is at most the larger of this rank's local source and target
- * bytes, on every rank, Partial sources included: when the cheapest route would need more on some rank (a route
- * through an intermediate larger than both ends), the plan is the cheapest route of reductions and one exchange,
- * its exchange split into as few rounds as fit. Checked for every rank from the global shapes, so every rank
- * derives the same plan.
+ * bytes, on every rank: when the cheapest route would need more on some rank (a route through an intermediate
+ * larger than both ends), the plan is the same route with smaller pack chunks, or else the cheapest route of
+ * reductions and one exchange, its exchange split into as few rounds as fit. Checked for every rank from the global
+ * shapes, so every rank derives the same plan. One exception, with pending Partials only: where a reduce-scatter
+ * must split a dim of small extent unevenly, the reduced shard plus one round of the exchange can exceed the bound
+ * (by at most the bound again; README, Memory).
  * Pure and deterministic: no communication, and every rank derives the same steps (ties go to fewer
  * steps, then to a fixed order). The per-rank byte figures of explain are those of this rank's coordinate. */
 DTL_API dtl_status dtl_plan_create(const dtl_layout *src, const dtl_layout *dst, dtl_plan **out);

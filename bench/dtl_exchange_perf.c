@@ -10,7 +10,8 @@
  *    fresh plan minus VmRSS before it, the largest over the ranks) next to the local shard.
  * 2. Between two meshes: ranks {0,1} (S0) -> ranks {2,3} (S1), the exchange against a raw MPI_Alltoallv over the
  *    world moving the same bytes from prepacked buffers into the same places; ratio = median of the per-round
- *    ratios dtl/raw (target <= 1.15 from 1 MiB).
+ *    ratios dtl/raw (target <= 1.15 from 1 MiB). S0 -> S1 packs every piece on the sender (column blocks of its
+ *    rows); S0 -> S0 (rank s's rows to rank 2 + s) moves runs only, so it shows the exchange without its pack.
  * The tensor is a square f32 matrix of -b..-e bytes (factor -f); every result is checked (#wrong).
  * Options: -b min bytes, -e max bytes, -f factor, -n rounds, -w warmup rounds, -p part (1, 2; 0 = both). */
 #define _GNU_SOURCE
@@ -189,48 +190,56 @@ static void part2(long long b0, long long b1, int factor, int rounds, int warmup
   BENCH_TRY(dtl_mesh_create_from_ranks(world, 2, (int[]){0, 1}, 1, (int[]){2}, &a));
   BENCH_TRY(dtl_mesh_create_from_ranks(world, 2, (int[]){2, 3}, 1, (int[]){2}, &b));
   if (rank == 0)
-    printf("# two meshes: ranks 0,1 S0 -> ranks 2,3 S1, f32 square tensor; raw = MPI_Alltoallv of the same bytes from "
-           "prepacked buffers; times: slowest rank, median of %d rounds\n# %10s %10s %10s %8s %8s\n", rounds, "size",
-           "dtl_us", "raw_us", "dtl/raw", "#wrong");
-  for (long long bytes = b0; bytes <= b1; bytes *= factor) {
-    int64_t n = (int64_t)sqrt((double)bytes / 4);
-    n -= n % 2;
-    dtl_layout *src = layout(a, "S0", n), *dst = layout(b, "S1", n);
-    cross x = {0};
-    BENCH_TRY(dtl_plan_create(src, dst, &x.plan));
-    bool in_a = rank < 2, in_b = rank >= 2;
-    float *in = in_a ? shard_of(src, n) : NULL;
-    x.in = in;
-    x.out = in_b ? malloc(dtl_layout_local_count(dst) * 4 + 4) : NULL;
-    /* The raw exchange: rank s (0, 1) sends rows s of columns half q to rank 2 + q, packed; rank 2 + q receives rows
-     * s at their place in its column block (a contiguous run). */
-    int64_t h = n / 2;
-    x.packed = in_a ? malloc((size_t)h * (size_t)n * 4 + 4) : NULL;
-    for (int q = 0; q < 2 && in_a; q++)
-      for (int64_t i = 0; i < h; i++) memcpy(x.packed + (size_t)q * h * h + (size_t)i * h, in + (size_t)i * n + q * h, (size_t)h * 4);
-    for (int p = 0; p < 4; p++) {
-      x.sc[p] = in_a && p >= 2 ? (int)(h * h) : 0;
-      x.sd[p] = in_a && p >= 2 ? (int)((p - 2) * h * h) : 0;
-      x.rc[p] = in_b && p < 2 ? (int)(h * h) : 0;
-      x.rd[p] = in_b && p < 2 ? (int)(p * h * h) : 0;
+    printf("# two meshes: ranks 0,1 -> ranks 2,3, f32 square tensor; raw = MPI_Alltoallv of the same bytes from "
+           "prepacked buffers; times: slowest rank, median of %d rounds\n# %-8s %10s %10s %10s %8s %8s\n", rounds,
+           "case", "size", "dtl_us", "raw_us", "dtl/raw", "#wrong");
+  for (int c = 0; c < 2; c++)
+    for (long long bytes = b0; bytes <= b1; bytes *= factor) {
+      int64_t n = (int64_t)sqrt((double)bytes / 4);
+      n -= n % 2;
+      bool cols = c == 0; /* S0 -> S1, else S0 -> S0 */
+      dtl_layout *src = layout(a, "S0", n), *dst = layout(b, cols ? "S1" : "S0", n);
+      cross x = {0};
+      BENCH_TRY(dtl_plan_create(src, dst, &x.plan));
+      bool in_a = rank < 2, in_b = rank >= 2;
+      float *in = in_a ? shard_of(src, n) : NULL;
+      x.in = in;
+      x.out = in_b ? malloc(dtl_layout_local_count(dst) * 4 + 4) : NULL;
+      /* S0 -> S1: rank s (0, 1) sends rows s of column half q to rank 2 + q, packed; rank 2 + q receives rows s at
+       * their place in its column block (a contiguous run). S0 -> S0: rank s sends its rows to rank 2 + s. */
+      int64_t h = n / 2;
+      x.packed = in_a ? malloc((size_t)h * (size_t)n * 4 + 4) : NULL;
+      for (int q = 0; q < 2 && in_a; q++)
+        for (int64_t i = 0; i < h; i++)
+          memcpy(x.packed + (size_t)q * h * h + (size_t)i * h, in + (size_t)i * n + q * h, (size_t)h * 4);
+      if (in_a && !cols) memcpy(x.packed, in, (size_t)h * (size_t)n * 4);
+      for (int p = 0; p < 4; p++) {
+        bool peer = cols || (in_a ? p == rank + 2 : p == rank - 2);
+        int cnt = (int)(cols ? h * h : h * n);
+        x.sc[p] = in_a && p >= 2 && peer ? cnt : 0;
+        x.sd[p] = in_a && p >= 2 && cols ? (int)((p - 2) * h * h) : 0;
+        x.rc[p] = in_b && p < 2 && peer ? cnt : 0;
+        x.rd[p] = in_b && p < 2 && cols ? (int)(p * h * h) : 0;
+      }
+      run_dtl(&x);
+      double *ratio = malloc(sizeof(double) * (size_t)rounds), *td = malloc(sizeof(double) * (size_t)rounds),
+             *tw = malloc(sizeof(double) * (size_t)rounds);
+      for (int i = 0; i < warmup + rounds; i++) {
+        double d = slowest(run_dtl, &x), w = slowest(run_raw, &x);
+        if (i >= warmup) td[i - warmup] = d, tw[i - warmup] = w, ratio[i - warmup] = d / w;
+      }
+      run_dtl(&x);
+      long wrong = in_b ? wrong_in(dst, x.out, n) : 0;
+      MPI_Allreduce(MPI_IN_PLACE, &wrong, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
+      double md = bench_median(td, rounds), mw = bench_median(tw, rounds), mr = bench_median(ratio, rounds);
+      if (rank == 0)
+        printf("  %-8s %10lld %10.1f %10.1f %8.3f %8ld\n", cols ? "S0->S1" : "S0->S0", bytes, md * 1e6, mw * 1e6, mr,
+               wrong);
+      free(ratio), free(td), free(tw), free(in), free(x.out), free(x.packed);
+      dtl_plan_destroy(x.plan);
+      dtl_layout_destroy(src);
+      dtl_layout_destroy(dst);
     }
-    run_dtl(&x);
-    double *ratio = malloc(sizeof(double) * (size_t)rounds), *td = malloc(sizeof(double) * (size_t)rounds),
-           *tw = malloc(sizeof(double) * (size_t)rounds);
-    for (int i = 0; i < warmup + rounds; i++) {
-      double d = slowest(run_dtl, &x), w = slowest(run_raw, &x);
-      if (i >= warmup) td[i - warmup] = d, tw[i - warmup] = w, ratio[i - warmup] = d / w;
-    }
-    run_dtl(&x);
-    long wrong = in_b ? wrong_in(dst, x.out, n) : 0;
-    MPI_Allreduce(MPI_IN_PLACE, &wrong, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
-    double md = bench_median(td, rounds), mw = bench_median(tw, rounds), mr = bench_median(ratio, rounds);
-    if (rank == 0) printf("  %10lld %10.1f %10.1f %8.3f %8ld\n", bytes, md * 1e6, mw * 1e6, mr, wrong);
-    free(ratio), free(td), free(tw), free(in), free(x.out), free(x.packed);
-    dtl_plan_destroy(x.plan);
-    dtl_layout_destroy(src);
-    dtl_layout_destroy(dst);
-  }
   dtl_mesh_destroy(a);
   dtl_mesh_destroy(b);
 }

@@ -34,10 +34,11 @@ int64_t dtl__agree_nonce(const void *salt, int rank) {
   return (int64_t)(h >> 2) | 1; /* positive, never 0, and far from INT64_MIN so that -h is exact */
 }
 
-dtl_status dtl__comm_max_i64(dtl_comm *c, int64_t *v, int n) {
-  if (c->mem.ops->memory == DTL_MEMORY_HOST) return c->ops->all_reduce(c, v, v, (size_t)n, DTL_INT64, DTL_MAX);
-  size_t bytes = sizeof(int64_t) * (size_t)n;
-  if (c->agree_bytes < bytes) { /* grows once to the largest vector (the chunk of the second exchange) */
+/* The agreement's staging in the communicator's memory: n int64 at least, grown once to the largest need (the
+ * chunk of the second exchange, or the verdicts of dtl__agree_among). */
+static dtl_status dtl__agree_stage(dtl_comm *c, size_t n, int64_t **out) {
+  size_t bytes = n * sizeof(int64_t);
+  if (c->agree_bytes < bytes) {
     if (c->agree_buf) dtl__mem_free(&c->mem, c->agree_buf);
     c->agree_buf = NULL;
     c->agree_bytes = 0;
@@ -45,9 +46,18 @@ dtl_status dtl__comm_max_i64(dtl_comm *c, int64_t *v, int n) {
     DTL_TRY(dtl__mem_alloc(&c->mem, want, &c->agree_buf));
     c->agree_bytes = want;
   }
-  DTL_TRY(dtl__mem_copy(&c->mem, c->agree_buf, v, bytes));
-  DTL_TRY(c->ops->all_reduce(c, c->agree_buf, c->agree_buf, (size_t)n, DTL_INT64, DTL_MAX));
-  DTL_TRY(dtl__mem_copy(&c->mem, v, c->agree_buf, bytes));
+  *out = c->agree_buf;
+  return DTL_OK;
+}
+
+dtl_status dtl__comm_max_i64(dtl_comm *c, int64_t *v, int n) {
+  if (c->mem.ops->memory == DTL_MEMORY_HOST) return c->ops->all_reduce(c, v, v, (size_t)n, DTL_INT64, DTL_MAX);
+  size_t bytes = sizeof(int64_t) * (size_t)n;
+  int64_t *stage;
+  DTL_TRY(dtl__agree_stage(c, (size_t)n, &stage));
+  DTL_TRY(dtl__mem_copy(&c->mem, stage, v, bytes));
+  DTL_TRY(c->ops->all_reduce(c, stage, stage, (size_t)n, DTL_INT64, DTL_MAX));
+  DTL_TRY(dtl__mem_copy(&c->mem, v, stage, bytes));
   return c->ops->synchronize(c);
 }
 
@@ -165,21 +175,6 @@ dtl_status dtl__agree_max(dtl_comm *c, const char *fn, uint64_t fp, dtl_status l
 
 dtl_status dtl__agree(dtl_comm *c, const char *fn, uint64_t fp, dtl_status local) {
   return dtl__agree_max(c, fn, fp, local, NULL, 0);
-}
-
-/* The staging of dtl__agree_among: n int64 in the communicator's agreement buffer (its memory), grown once. */
-static dtl_status dtl__agree_stage(dtl_comm *c, size_t n, int64_t **out) {
-  size_t bytes = n * sizeof(int64_t);
-  if (c->agree_bytes < bytes) {
-    if (c->agree_buf) dtl__mem_free(&c->mem, c->agree_buf);
-    c->agree_buf = NULL;
-    c->agree_bytes = 0;
-    size_t want = bytes < 2 * 64 * sizeof(int64_t) ? 2 * 64 * sizeof(int64_t) : bytes;
-    DTL_TRY(dtl__mem_alloc(&c->mem, want, &c->agree_buf));
-    c->agree_bytes = want;
-  }
-  *out = c->agree_buf;
-  return DTL_OK;
 }
 
 /* One round of messages of dtl__agree_among, then (device memory) the copy back of what arrived. */

@@ -278,6 +278,14 @@ static void dtl__analyze(const dtl_plan *p, const dtl__view *v, dtl__ex_step *ex
   }
 }
 
+static dtl__xmsg dtl__xmsg_of(int peer, bool run, int same, size_t count, size_t at, const int64_t *shape,
+                              const int64_t *off) {
+  dtl__xmsg m = {.peer = peer, .run = run, .same = same, .count = count, .at = at};
+  memcpy(m.shape, shape, sizeof m.shape);
+  memcpy(m.off, off, sizeof m.off);
+  return m;
+}
+
 /* The messages of exchange step e for rank v (xm set to the step's source placements): counts into x, and, when
  * x->send / x->recv are allocated, the messages themselves. A message's peer is a rank of the exchange's
  * communicator: the mesh rank on one mesh, the parent rank between two. */
@@ -302,16 +310,7 @@ static void dtl__exchange_messages(const dtl_plan *p, const dtl__xmap *xm, const
       int rep = dtl__xmap_box_rep(xm, t), same = xm->tmark[rep];
       if (same < 0) xm->tmark[rep] = ns;
       if (!run && same < 0) x->spack += n;
-      if (keep) {
-        dtl__xmsg *m = &x->send[ns];
-        m->peer = cross ? dtl__mesh_parent_rank(p->dst.mesh, t) : t;
-        m->same = same;
-        m->run = run;
-        m->count = n;
-        m->at = at;
-        memcpy(m->shape, is, sizeof m->shape);
-        memcpy(m->off, io, sizeof m->off);
-      }
+      if (keep) x->send[ns] = dtl__xmsg_of(cross ? dtl__mesh_parent_rank(p->dst.mesh, t) : t, run, same, n, at, is, io);
       ns++;
     }
   }
@@ -331,16 +330,7 @@ static void dtl__exchange_messages(const dtl_plan *p, const dtl__xmap *xm, const
       bool run = dtl__run_offset(nd, e->out_shape, e->out_off, is, io, &at);
       x->rall += n;
       if (!run) x->rpack += n;
-      if (keep) {
-        dtl__xmsg *m = &x->recv[nr];
-        m->peer = cross ? dtl__mesh_parent_rank(p->src.mesh, h) : h;
-        m->same = -1;
-        m->run = run;
-        m->count = n;
-        m->at = at;
-        memcpy(m->shape, is, sizeof m->shape);
-        memcpy(m->off, io, sizeof m->off);
-      }
+      if (keep) x->recv[nr] = dtl__xmsg_of(cross ? dtl__mesh_parent_rank(p->src.mesh, h) : h, run, -1, n, at, is, io);
       nr++;
     }
   }

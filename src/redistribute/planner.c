@@ -552,6 +552,18 @@ static dtl_status dtl__plan_bounded(const char *fn, dtl__space *s, const dtl_lay
   return DTL_OK;
 }
 
+/* Keeps candidate q (whether it fits, its largest scratch) in place of *p when take, else drops it. */
+static void dtl__keep(dtl_plan **p, bool *fits, size_t *worst, bool take, dtl_plan *q, bool qfits, size_t qworst) {
+  if (!take) {
+    dtl_plan_destroy(q);
+    return;
+  }
+  dtl_plan_destroy(*p);
+  *p = q;
+  *fits = qfits;
+  *worst = qworst;
+}
+
 /* Plans src -> dst within a scratch budget: limit bytes on every rank, or (limit == SIZE_MAX) the larger of each
  * rank's local source and target bytes. First the cheapest route of all; if some rank's scratch exceeds its budget,
  * the cheapest route of reductions and one exchange, in the fewest rounds that fit every rank. A limit that no
@@ -606,14 +618,7 @@ dtl_status dtl__plan_create(const char *fn, const dtl_layout *src, const dtl_lay
     size_t qworst = 0;
     st = dtl__plan_build(fn, &s, src, dst, path, len, via, INT64_MAX, limit, chunk, &q);
     if (st == DTL_OK) st = dtl__plan_fits(fn, q, limit, &qfits, &qworst);
-    if (st == DTL_OK && qfits) {
-      dtl_plan_destroy(p);
-      p = q;
-      fits = true;
-      worst = qworst;
-    } else {
-      dtl_plan_destroy(q);
-    }
+    dtl__keep(&p, &fits, &worst, st == DTL_OK && qfits, q, qfits, qworst);
     q = NULL;
   }
   for (int tier = 0; tier < 2 && st == DTL_OK && !fits; tier++) {
@@ -622,14 +627,7 @@ dtl_status dtl__plan_create(const char *fn, const dtl_layout *src, const dtl_lay
     s.reduce_only = true;
     s.scatter_first = tier == 1;
     st = dtl__plan_bounded(fn, &s, src, dst, limit, tier == 1 ? 1 : 0, &q, &qfits, &qworst);
-    if (st == DTL_OK && (qfits || qworst < worst)) {
-      dtl_plan_destroy(p);
-      p = q;
-      fits = qfits;
-      worst = qworst;
-    } else {
-      dtl_plan_destroy(q);
-    }
+    dtl__keep(&p, &fits, &worst, st == DTL_OK && (qfits || qworst < worst), q, qfits, qworst);
     q = NULL;
   }
   if (st == DTL_OK && !fits && limit != SIZE_MAX)

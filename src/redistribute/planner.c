@@ -610,10 +610,13 @@ dtl_status dtl__plan_create(const char *fn, const dtl_layout *src, const dtl_lay
   bool via = false;
   dtl_status st = dtl__search(fn, &s, dtl__encode(&s, src->placements), s.goal, path, &len, &via);
   if (st == DTL_OK) st = dtl__plan_build(fn, &s, src, dst, path, len, via, INT64_MAX, limit, 0, &p);
-  /* One exchange from the source always fits the default bound (its modes need at most the larger end; compile.c),
-   * so only other plans, and any plan under a limit, are checked on every rank. */
-  if (st == DTL_OK && limit == SIZE_MAX && p->nsteps == 1 && p->steps[0].kind == DTL__STEP_EXCHANGE) fits = true;
-  else if (st == DTL_OK) st = dtl__plan_fits(fn, p, limit, &fits, &worst);
+  /* A plan of at most one step fits the default bound by construction (an exchange's modes, a collective's one
+   * pack or receive region, a local copy: compile.c), except a chunked all-to-all on very uneven shards; other plans,
+   * and every plan under a limit, are checked on every rank. */
+  if (st == DTL_OK && limit == SIZE_MAX && p->nsteps <= 1 && (p->nsteps == 0 || p->steps[0].kind != DTL__STEP_ALL_TO_ALL))
+    fits = true;
+  else if (st == DTL_OK)
+    st = dtl__plan_fits(fn, p, limit, &fits, &worst);
   /* The same route with its pack and unpack passes in smaller chunks (halved down to one row), when that is what
    * holds it back (its intermediate shards themselves fit). */
   for (size_t chunk = (size_t)1 << 20; st == DTL_OK && !fits && chunk >= 1; chunk /= 2) {

@@ -37,35 +37,31 @@ dtl_status dtl__xmap_init(dtl__xmap *x, const char *fn, const dtl_layout *geom, 
   x->es = dtl_dtype_size(geom->dtype);
   x->shape = geom->shape;
   memcpy(x->yd, yd, sizeof x->yd);
-  int nd2 = 2 * (x->nd ? x->nd : 1);
-  x->cbox = dtl__malloc(sizeof(int64_t) * (size_t)nd2 * (size_t)sm->size);
-  x->tbox = dtl__malloc(sizeof(int64_t) * (size_t)nd2 * (size_t)dm->size);
-  x->crep = dtl__malloc(sizeof(int) * (size_t)sm->size);
-  x->acc_send = dtl__malloc(sizeof(uint64_t) * (size_t)sm->size);
-  x->acc_peers = dtl__malloc(sizeof(int) * (size_t)sm->size);
-  x->tmark = dtl__malloc(sizeof(int) * (size_t)dm->size);
-  bool ok = x->cbox && x->tbox && x->crep && x->acc_send && x->acc_peers && x->tmark;
-  if (ok && sm != dm) {
-    int np = sm->parent->size;
-    int *at = dtl__malloc(sizeof(int) * (size_t)np);
-    x->d2s = dtl__malloc(sizeof(int) * (size_t)dm->size);
-    x->s2d = dtl__malloc(sizeof(int) * (size_t)sm->size);
-    ok = at && x->d2s && x->s2d;
-    if (ok) {
-      for (int i = 0; i < np; i++) at[i] = -1;
-      for (int r = 0; r < sm->size; r++) at[dtl__mesh_parent_rank(sm, r)] = r;
-      for (int r = 0; r < sm->size; r++) x->s2d[r] = -1;
-      for (int q = 0; q < dm->size; q++) {
-        x->d2s[q] = at[dtl__mesh_parent_rank(dm, q)];
-        if (x->d2s[q] >= 0) x->s2d[x->d2s[q]] = q;
-      }
+  /* One block: class and target boxes, class representatives, the pricing's tallies, the target marks, and
+   * between two meshes the rank maps (and a parent-sized index, used only here). */
+  int nd2 = 2 * (x->nd ? x->nd : 1), ns = sm->size, nt = dm->size, np = sm != dm ? sm->parent->size : 0;
+  size_t words = (size_t)nd2 * (size_t)(ns + nt) + (size_t)ns; /* int64 / uint64 */
+  size_t ints = (size_t)ns * 2 + (size_t)nt + (sm != dm ? (size_t)(nt + ns + np) : 0);
+  int64_t *block = dtl__malloc(sizeof(int64_t) * words + sizeof(int) * ints);
+  if (!block)
+    return dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory (exchange map of %d and %d ranks)", ns, nt);
+  x->cbox = block;
+  x->tbox = x->cbox + (size_t)nd2 * (size_t)ns;
+  x->acc_send = (uint64_t *)(x->tbox + (size_t)nd2 * (size_t)nt);
+  x->crep = (int *)(x->acc_send + ns);
+  x->acc_peers = x->crep + ns;
+  x->tmark = x->acc_peers + ns;
+  if (sm != dm) {
+    x->d2s = x->tmark + nt;
+    x->s2d = x->d2s + nt;
+    int *at = x->s2d + ns;
+    for (int i = 0; i < np; i++) at[i] = -1;
+    for (int r = 0; r < ns; r++) at[dtl__mesh_parent_rank(sm, r)] = r;
+    for (int r = 0; r < ns; r++) x->s2d[r] = -1;
+    for (int q = 0; q < nt; q++) {
+      x->d2s[q] = at[dtl__mesh_parent_rank(dm, q)];
+      if (x->d2s[q] >= 0) x->s2d[x->d2s[q]] = q;
     }
-    dtl__free(at);
-  }
-  if (!ok) {
-    dtl__xmap_free(x);
-    return dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory (exchange map of %d and %d ranks)", sm->size,
-                         dm->size);
   }
   int c[DTL_MAX_MESH_DIMS];
   for (int q = 0; q < dm->size; q++) {
@@ -98,14 +94,7 @@ void dtl__xmap_source(dtl__xmap *x, const dtl_placement *xs) {
 }
 
 void dtl__xmap_free(dtl__xmap *x) {
-  dtl__free(x->d2s);
-  dtl__free(x->s2d);
-  dtl__free(x->cbox);
-  dtl__free(x->tbox);
-  dtl__free(x->crep);
-  dtl__free(x->acc_send);
-  dtl__free(x->acc_peers);
-  dtl__free(x->tmark);
+  dtl__free(x->cbox); /* the one block */
   memset(x, 0, sizeof *x);
 }
 

@@ -24,10 +24,11 @@ typedef struct {
   dtl_placement yd[DTL_MAX_MESH_DIMS]; /* target placements */
   bool free_dim[DTL_MAX_MESH_DIMS];    /* source mesh dims of size > 1 that replicate: a class spans them */
   int nfree;                           /* the size of a class */
-  /* Owned, NULL on one mesh (ranks are then the same numbers): the source mesh rank of each target mesh rank and
-   * the target mesh rank of each source mesh rank (-1 outside the other mesh). */
+  /* NULL on one mesh (ranks are then the same numbers): the source mesh rank of each target mesh rank and the
+   * target mesh rank of each source mesh rank (-1 outside the other mesh). */
   int *d2s, *s2d;
-  /* Scratch for the pricing (owned): the boxes of every class representative and every target rank. */
+  /* The boxes of every class representative and every target rank (cbox starts the one owned block that holds
+   * every array here). */
   int64_t *cbox, *tbox;
   int *crep; /* the source mesh rank of each class representative */
   int nclass;

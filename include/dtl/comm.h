@@ -147,8 +147,8 @@ DTL_API dtl_status dtl_all_to_all_async(dtl_comm *c, const void *send, void *rec
                                         dtl_request **req);
 DTL_API dtl_status dtl_all_to_allv_async(dtl_comm *c, const void *send, const size_t *send_counts, void *recv,
                                          const size_t *recv_counts, dtl_dtype t, dtl_request **req);
-/* Blocks until the operation is complete (results in place, DTL_AVG divided), frees req and returns the
- * operation's status. */
+/* Blocks until the operation is complete (results in place, DTL_AVG divided), frees req (a plan's request from
+ * dtl_plan_execute_async goes back to its plan) and returns the operation's status. */
 DTL_API dtl_status dtl_wait(dtl_request *req);
 /* *done = 1 when the transfer is complete (a following dtl_wait returns at once; results are final only after
  * dtl_wait), else 0. Does not free req. */

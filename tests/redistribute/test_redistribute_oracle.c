@@ -130,8 +130,28 @@ static void distribute_and_full_tensor_round_trip(const tu_mesh *m, const dtl_la
   memcpy(copy, dense, gb);
   memset(local, 0x5a, lb);
   int me = dtl_comm_rank(m->comm);
+  tu_alloc_stats a0 = tu_allocs;
   dtl_status st = dtl_distribute(l, me == root ? copy : NULL, root, local);
   CHECK(st == DTL_OK, "distribute %s root %d: %s", what, root, dtl_last_error());
+  /* Root holds at most one shard beyond the dense tensor: the largest box that is no run of it, packed one at a time
+   * (boxes that are runs go out in place); the other ranks allocate nothing. */
+  size_t most = 0;
+  for (int r = 0; r < dtl_mesh_size(l->mesh) && me == root; r++) {
+    int c[DTL_MAX_MESH_DIMS];
+    int64_t bs[DTL_MAX_TENSOR_DIMS], bo[DTL_MAX_TENSOR_DIMS];
+    dtl_mesh_coord_of(l->mesh, r, c);
+    dtl_layout_local_box(l, c, bs, bo);
+    size_t n = es;
+    bool run = true;
+    int d0 = 0;
+    while (d0 < l->ndim - 1 && bs[d0] == 1) d0++;
+    for (int d = 0; d < l->ndim; d++) n *= (size_t)bs[d];
+    for (int d = d0 + 1; d < l->ndim; d++) run &= bs[d] == l->shape[d];
+    if (r != root && !run && n > most) most = n;
+  }
+  CHECK(tu_allocs.bytes_total - a0.bytes_total <= most && tu_allocs.calls - a0.calls <= (most > 0),
+        "distribute %s root %d: allocated %zu bytes in %d buffers (at most one shard, %zu bytes)", what, root,
+        tu_allocs.bytes_total - a0.bytes_total, tu_allocs.calls - a0.calls, most);
   CHECK(memcmp(copy, dense, gb) == 0, "distribute %s: the dense input was written", what);
   CHECK(tu_check_state(m, l, local, dense, what) == 0, "distribute %s root %d: wrong shard", what, root);
   tu_make_local(l, dense, seed, local);

@@ -508,7 +508,7 @@ static void expect_algo(dtl_comm *c, const char *want, const char *what) {
  * all_to_all, reduce_scatter) or the MPI call in pieces (all_reduce, reduce); an exact call never runs mpi
  * from the table. */
 static void the_chosen_algorithm_runs_and_is_reported(void) {
-  float x[64] = {0}, y[64 * 16];
+  float x[128] = {0}, y[64 * 16]; /* x: 64 f64 too */
   int32_t xi[64] = {0}, yi[64 * 8];
   dtl_request *req;
   dtl_comm *a = variants[1].c, *m3 = variants[4].c, *table = variants[3].c;

@@ -58,14 +58,19 @@ static const unsigned multi_phase = A(RS_AG) | A(RING) | A(RS_GATHER);
 const char *dtl__coll_name(dtl__coll k) { return k < DTL__NCOLLS ? coll_names[k] : "?"; }
 const char *dtl__algo_name(dtl__algo a) { return a < DTL__NALGOS ? algo_names[a] : "?"; }
 
-/* The built-in rows, in the file format (so that the defaults and a file are read by one parser). Measured
- * with dtl_coll_perf on the README's 2-core VM (OpenMPI 4.1.4, shared memory); see the README for the runs. */
+/* The built-in rows, in the file format (so that the defaults and a file are read by one parser), from A/B runs
+ * of dtl_coll_perf with each algorithm forced, on the README's 2-core VM (OpenMPI 4.1.4, shared memory, 2 and 4
+ * ranks, 4 KiB-64 MiB; README, Benchmarks). OpenMPI's reduce-scatter reduces at one rank and scatters, so the
+ * all-to-all and a fold win from 16 KiB on; rs_ag beats MPI_Allreduce from 16 KiB; below 64 KiB the one-round
+ * ag_fold is the faster rank-order all-reduce; all-gather and all-to-all gain nothing measurable from dtl's
+ * exchanges; all-to-all-v runs direct, which moves any count in pieces and matched MPI_Alltoallv here. */
 static const char default_rows[] =
     "all_reduce      any    *    0     mpi\n"
+    "all_reduce      any    *    16K   rs_ag\n"
     "all_reduce      exact  *    0     ag_fold\n"
     "all_reduce      exact  *    64K   rs_ag\n"
     "reduce_scatter  any    *    0     mpi\n"
-    "reduce_scatter  any    *    64K   a2a_fold\n"
+    "reduce_scatter  any    *    16K   a2a_fold\n"
     "reduce_scatter  exact  *    0     a2a_fold\n"
     "all_gather      *      *    0     mpi\n"
     "all_to_all      *      *    0     mpi\n"

@@ -42,7 +42,7 @@ demo:
 	@$(SUBMAKE) setup
 	@$(SUBMAKE) build
 	DTL_CHECK=1 $(MPIRUN) -n $(NP) $(BUILD)/examples/collectives
-	@for ex in quickstart tp_transformer moe; do \
+	@for ex in quickstart tp_transformer moe context_parallel generate; do \
 	  if [ -x $(BUILD)/examples/$$ex ]; then echo "== $$ex on $(NP) ranks"; \
 	    DTL_CHECK=1 $(MPIRUN) -n $(NP) $(BUILD)/examples/$$ex || exit 1; fi; done
 
@@ -75,6 +75,8 @@ bench: build
 	for np in 1 2; do $(MPIRUN) -n $$np $(BUILD)/bench/dtl_tp_perf || exit 1; done
 	for np in 2 4; do $(MPIRUN) -n $$np $(BUILD)/bench/dtl_moe_perf -b 64 -e 2K -f 2 || exit 1; done
 	for np in 1 2 4; do $(MPIRUN) -n $$np $(BUILD)/bench/dtl_load_perf -s 256M -n 3 || exit 1; done
+	for np in 2 4; do $(MPIRUN) -n $$np $(BUILD)/bench/dtl_cp_perf -T 2048,8192 || exit 1; done
+	for np in 1 2 4; do $(MPIRUN) -n $$np $(BUILD)/examples/generate -n 20 -w 2 || exit 1; done
 
 install: build
 	cmake --install $(BUILD) --prefix $(PREFIX)

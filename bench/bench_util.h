@@ -37,6 +37,17 @@ static inline double bench_median(double *v, int n) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+/* n deterministic floats in [-scale, scale) from seed (an LCG: the same data on every rank and run). */
+static inline float *bench_uniform(uint64_t seed, size_t n, float scale) {
+  float *p = malloc(n * sizeof *p + 4);
+  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (size_t i = 0; i < n; i++) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    p[i] = scale * (2.0f * (float)(s >> 40) / 16777216.0f - 1.0f);
+  }
+  return p;
+}
+
 static inline void bench_check(dtl_status s, const char *file, int line, const char *call) {
   if (s == DTL_OK) return;
   fprintf(stderr, "%s:%d %s: %s (%s)\n", file, line, call, dtl_status_name(s), dtl_last_error());

@@ -21,16 +21,6 @@
 #include <dtl/mpi.h>
 #include "bench_util.h"
 
-static float *uniform(uint64_t seed, size_t n, float scale) {
-  float *p = malloc(n * sizeof *p + 4);
-  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (size_t i = 0; i < n; i++) {
-    s = s * 6364136223846793005ull + 1442695040888963407ull;
-    p[i] = scale * (2.0f * (float)(s >> 40) / 16777216.0f - 1.0f);
-  }
-  return p;
-}
-
 typedef enum { MLP, ATTN } block_kind;
 
 /* One block on one context: created from the dense weights, run through its layouts. */
@@ -164,10 +154,10 @@ int main(int argc, char **argv) {
     dense_weights w = {.hidden = H, .ffn = (H * 8 / 3 + 63) / 64 * 64, .head_dim = 128};
     w.heads = H / 128 > 0 ? H / 128 : 1;
     w.kv_heads = w.heads >= 4 ? w.heads / 4 : 1;
-    w.gate_up = uniform(1, (size_t)(2 * w.ffn * H), 1.0f / sqrtf((float)H));
-    w.down = uniform(2, (size_t)(H * w.ffn), 1.0f / sqrtf((float)w.ffn));
-    w.qkv = uniform(3, (size_t)((w.heads + 2 * w.kv_heads) * w.head_dim * H), 1.0f / sqrtf((float)H));
-    w.wo = uniform(4, (size_t)(H * w.heads * w.head_dim), 1.0f / sqrtf((float)(w.heads * w.head_dim)));
+    w.gate_up = bench_uniform(1, (size_t)(2 * w.ffn * H), 1.0f / sqrtf((float)H));
+    w.down = bench_uniform(2, (size_t)(H * w.ffn), 1.0f / sqrtf((float)w.ffn));
+    w.qkv = bench_uniform(3, (size_t)((w.heads + 2 * w.kv_heads) * w.head_dim * H), 1.0f / sqrtf((float)H));
+    w.wo = bench_uniform(4, (size_t)(H * w.heads * w.head_dim), 1.0f / sqrtf((float)(w.heads * w.head_dim)));
     for (int ti = 0; ti < ntok; ti++)
       for (int kind = MLP; kind <= ATTN; kind++)
         for (int sp = 0; sp <= with_sp; sp++) {
@@ -181,7 +171,7 @@ int main(int argc, char **argv) {
                                   (long long)(kind == MLP ? w.ffn : w.heads), (long long)T, sp, flop / 1e9, max_gflop);
             continue;
           }
-          float *x = uniform(5, (size_t)(T * H), 1.0f), *yd = malloc(sizeof(float) * (size_t)(T * H) + 4);
+          float *x = bench_uniform(5, (size_t)(T * H), 1.0f), *yd = malloc(sizeof(float) * (size_t)(T * H) + 4);
           block bd, bt;
           block_make(dense, kind, &w, T, 0, &bd);
           block_make(tp, kind, &w, T, sp, &bt);
@@ -201,7 +191,7 @@ int main(int argc, char **argv) {
           long wrong_all;
           MPI_Allreduce(&wrong, &wrong_all, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
           /* The collective(s) alone. */
-          float *partial = uniform(6, (size_t)(T * H), 1.0f), *xfull = malloc(sizeof(float) * (size_t)(T * H) + 4);
+          float *partial = bench_uniform(6, (size_t)(T * H), 1.0f), *xfull = malloc(sizeof(float) * (size_t)(T * H) + 4);
           comm_arg ca = {tp, bt.out, bt.in, partial, yt, xfull, x + off[0] * H, sp};
           double t_comm = timed(MPI_COMM_WORLD, warmup, iters, comm_step, &ca);
           if (rank == 0)

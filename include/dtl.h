@@ -14,5 +14,6 @@
 #include "dtl/checkpoint.h"
 #include "dtl/tp.h"
 #include "dtl/moe.h"
+#include "dtl/cp.h"
 
 #endif

@@ -1,12 +1,14 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The host half of the attention core (attn.h) and the shape rules both halves share. Per tile of query
  * rows and q head: one GEMM for the scores against the keys some row of the tile can see (a causal tile
- * skips the keys after its last position), a masked softmax per row that also yields the log-sum-exp, and
- * one GEMM with the values, transposed once per call into the B^T operand the one GEMM entry point takes.
- * Tiles bound the scores held at once, so long sequences need no Tq x Tk buffer. */
+ * skips the keys after its last position), masked exponentials per row (in vector lanes) that also yield
+ * the log-sum-exp, one GEMM with the values (transposed once per call into the B^T operand the one GEMM entry
+ * point takes), then each output row divided by its sum (D values, not the row of scores). Tiles bound the
+ * scores held at once, so long sequences need no Tq x Tk buffer. */
 #include <stdint.h>
 #include <string.h>
 #include "attn/attn.h"
+#include "layout/layout_internal.h"
 
 /* The scores one pass holds at most (floats), on either side. */
 #define DTL__ATTN_SCORE_FLOATS (((int64_t)64 << 20) / (int64_t)sizeof(float))
@@ -37,6 +39,36 @@ dtl_status dtl__attn_check(const char *fn, const dtl__attn_shape *s) {
                            (long long)lo, (long long)hi, (long long)s->kn - 1);
   }
   if (!isfinite(s->scale)) return dtl__error_fn(DTL_ERR_INTERNAL, fn, "scale=%g (expected finite)", (double)s->scale);
+  return DTL_OK;
+}
+
+dtl_status dtl__attn_heads(const char *fn, const char *group_name, int64_t q_heads, int64_t kv_heads, int n, int r,
+                           dtl__attn_range *q, dtl__attn_range *kv) {
+  DTL_CHECK_ARG(q_heads >= 1 && kv_heads >= 1, fn, "q_heads=%lld kv_heads=%lld (expected >= 1)", (long long)q_heads,
+                (long long)kv_heads);
+  DTL_CHECK_ARG(q_heads % kv_heads == 0, fn,
+                "q_heads=%lld is not a multiple of kv_heads=%lld (grouped-query attention needs whole groups)",
+                (long long)q_heads, (long long)kv_heads);
+  int64_t g = q_heads / kv_heads;
+  dtl__attn_range qr, kr;
+  if (n <= kv_heads) {
+    dtl__chunk(kv_heads, n, r, &kr.offset, &kr.count);
+    qr = (dtl__attn_range){kr.offset * g, kr.count * g};
+  } else {
+    DTL_CHECK_ARG(n % kv_heads == 0, fn,
+                  "kv_heads=%lld does not divide %s=%d (with %s > kv_heads every kv head is replicated on "
+                  "%s / kv_heads ranks)",
+                  (long long)kv_heads, group_name, n, group_name, group_name);
+    DTL_CHECK_ARG(q_heads % n == 0, fn,
+                  "q_heads=%lld is not a multiple of %s=%d (needed when %s > kv_heads=%lld, so that the ranks "
+                  "sharing a kv head split its q heads evenly)",
+                  (long long)q_heads, group_name, n, group_name, (long long)kv_heads);
+    int64_t replicas = n / kv_heads, per = q_heads / n;
+    kr = (dtl__attn_range){r / replicas, 1};
+    qr = (dtl__attn_range){r * per, per};
+  }
+  if (q) *q = qr;
+  if (kv) *kv = kr;
   return DTL_OK;
 }
 
@@ -109,20 +141,54 @@ static float dtl__attn_row_max(const float *x, int64_t n) {
   for (int l = 1; l < DTL__ATTN_LANES; l++) r = m[l] > r ? m[l] : r;
   return r;
 }
-static float dtl__attn_row_sum(const float *x, int64_t n) {
+/* The exponentials of the softmax run in vector lanes. GCC keeps a float comparison that could raise an FP
+ * exception (its default -ftrapping-math) from becoming a lane select, so these two functions are compiled
+ * without it: dtl never reads the FP exception flags. */
+#if defined(__GNUC__) && !defined(__clang__)
+#define DTL__ATTN_VECTOR_MATH __attribute__((optimize("no-trapping-math")))
+#else
+#define DTL__ATTN_VECTOR_MATH
+#endif
+
+/* exp(t) for t <= 0 (a score minus its row's max) in straight-line code the compiler can run in vector lanes:
+ * t = k ln2 + r with |r| <= ln2/2, exp(r) by Cephes' expf polynomial (relative error about 1e-7, as expf),
+ * 2^k from the exponent bits. Below -87.3 (where f32 would go subnormal) and at -inf it is 0; NaN stays NaN. */
+DTL__ATTN_VECTOR_MATH static inline float dtl__attn_exp_neg(float t) {
+  float tc = t > -87.3f ? t : -87.3f; /* finite, so the conversion below is defined */
+  int32_t k = (int32_t)(tc * 1.44269504088896341f - 0.5f);
+  float kf = (float)k, r = tc - kf * 0.693359375f + kf * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  float e = p * r * r + r + 1.0f;
+  union {
+    int32_t i;
+    float f;
+  } two_k = {.i = (k + 127) << 23};
+  e = e * two_k.f + (t - t); /* t - t: 0, or NaN for a NaN score */
+  return t < -87.3f ? 0.0f : e; /* a select of computed values, so the loop needs no branch */
+}
+
+/* x[j] = exp(x[j] - mx) over n floats, returning their sum (in DTL__ATTN_LANES partial sums). */
+DTL__ATTN_VECTOR_MATH static float dtl__attn_exp_sum(float *x, int64_t n, float mx) {
   float a[DTL__ATTN_LANES] = {0};
   int64_t j = 0;
   for (; j + DTL__ATTN_LANES <= n; j += DTL__ATTN_LANES)
-    for (int l = 0; l < DTL__ATTN_LANES; l++) a[l] += x[j + l];
-  for (; j < n; j++) a[0] += x[j];
+    for (int l = 0; l < DTL__ATTN_LANES; l++) a[l] += (x[j + l] = dtl__attn_exp_neg(x[j + l] - mx));
+  for (; j < n; j++) a[0] += (x[j] = dtl__attn_exp_neg(x[j] - mx));
   float r = 0.0f;
   for (int l = 0; l < DTL__ATTN_LANES; l++) r += a[l];
   return r;
 }
 
-/* One row of n scores, of keys kb.., for a query at position qp: in place the probabilities (0 for a key it
- * does not see); returns the row's log-sum-exp. */
-static float dtl__attn_softmax_row(const dtl__attn_shape *s, int64_t qp, int64_t kb, float *row, int64_t n) {
+/* One row of n scores, of keys kb.., for a query at position qp: in place exp(score - max) (0 for a key it
+ * does not see), *inv gets 1 / their sum (0 for a row that saw nothing), the caller scales the row's output by
+ * it after the value GEMM (D values instead of n); returns the row's log-sum-exp. */
+static float dtl__attn_softmax_row(const dtl__attn_shape *s, int64_t qp, int64_t kb, float *row, int64_t n,
+                                   float *inv) {
   int64_t lim = n; /* contiguous causal keys: the row sees exactly [0, lim) */
   if (s->causal && !s->k_pos) lim = dtl__attn_min(dtl__attn_key_end(s, qp) - kb, n);
   else if (s->causal)
@@ -130,9 +196,8 @@ static float dtl__attn_softmax_row(const dtl__attn_shape *s, int64_t qp, int64_t
       if (!dtl__attn_sees(s, qp, kb + j)) row[j] = -INFINITY;
   float mx = dtl__attn_row_max(row, lim);
   if (mx == -INFINITY) lim = 0;
-  for (int64_t j = 0; j < lim; j++) row[j] = expf(row[j] - mx);
-  float sum = dtl__attn_row_sum(row, lim), inv = lim ? 1.0f / sum : 0.0f;
-  for (int64_t j = 0; j < lim; j++) row[j] *= inv;
+  float sum = dtl__attn_exp_sum(row, lim, mx);
+  *inv = lim ? 1.0f / sum : 0.0f;
   if (lim < n) memset(row + lim, 0, (size_t)(n - lim) * sizeof(float));
   return dtl__attn_lse(mx, sum);
 }
@@ -173,12 +238,16 @@ dtl_status dtl__attn_host(const dtl__gemm_engine *g, const dtl__attn_shape *s, c
       int64_t kh = dtl__attn_kv_head(s->q_off, h, s->group, s->kv_off);
       DTL_TRY(dtl__gemm(g, DTL_FLOAT32, m, n, D, s->scale, q + i0 * s->ldq + h * D, s->ldq, k + kb * s->ldk + kh * D,
                         s->ldk, 0.0f, scores, n));
+      float inv[DTL__ATTN_HOST_TILE];
       for (int64_t r = 0; r < m; r++) {
-        float l = dtl__attn_softmax_row(s, dtl__attn_qpos(s, i0 + r), kb, scores + r * n, n);
+        float l = dtl__attn_softmax_row(s, dtl__attn_qpos(s, i0 + r), kb, scores + r * n, n, &inv[r]);
         if (lse) lse[(i0 + r) * s->qn + h] = l;
       }
-      DTL_TRY(dtl__gemm(g, DTL_FLOAT32, m, D, n, 1.0f, scores, n, vt + kh * D * tk + kb, tk, 0.0f,
-                        out + i0 * s->ldo + h * D, s->ldo));
+      float *o = out + i0 * s->ldo + h * D;
+      DTL_TRY(dtl__gemm(g, DTL_FLOAT32, m, D, n, 1.0f, scores, n, vt + kh * D * tk + kb, tk, 0.0f, o, s->ldo));
+      for (int64_t r = 0; r < m; r++)
+        for (int64_t d = 0; d < D; d++) o[r * s->ldo + d] *= inv[r];
+      if (s->progress) s->progress(s->progress_arg);
     }
   }
   return DTL_OK;

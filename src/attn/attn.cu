@@ -11,26 +11,27 @@ namespace {
 
 using namespace dtl_dev;
 
-template <typename T>
+/* T: storage of q, k, v; O: of out (T, or f32 with s.out_f32). */
+template <typename T, typename O>
 struct attn_args {
   dtl__attn_shape s;
   const T *q, *k, *v;
-  T *out;
+  O *out;
   float *lse;
   float *scores; /* [rows of this launch, tk] */
   int64_t row0;  /* the score row of block 0 */
 };
 
 /* Score row r: query r / qn, local q head r % qn. */
-template <typename T>
-__host__ __device__ inline float *row_scores(const attn_args<T> &a, int64_t r) {
+template <typename T, typename O>
+__host__ __device__ inline float *row_scores(const attn_args<T, O> &a, int64_t r) {
   return a.scores + (r - a.row0) * a.s.tk;
 }
 
 /* Pass 1, thread tid of nt: scale * q_i . k_j for the keys j = tid, tid + nt, ... the row may see (-inf for
  * a key it does not see); returns their max. */
-template <typename T>
-__host__ __device__ inline float attn_scores(const attn_args<T> &a, int64_t r, int tid, int nt) {
+template <typename T, typename O>
+__host__ __device__ inline float attn_scores(const attn_args<T, O> &a, int64_t r, int tid, int nt) {
   const dtl__attn_shape &s = a.s;
   int64_t i = r / s.qn, h = r % s.qn, D = s.head_dim, qp = dtl__attn_qpos(&s, i);
   int64_t kh = dtl__attn_kv_head(s.q_off, h, s.group, s.kv_off), end = dtl__attn_key_end(&s, qp);
@@ -51,8 +52,8 @@ __host__ __device__ inline float attn_scores(const attn_args<T> &a, int64_t r, i
 }
 
 /* Pass 2: the same keys' exp(score - max) in place (0 for all when the row saw nothing); returns their sum. */
-template <typename T>
-__host__ __device__ inline float attn_exp(const attn_args<T> &a, int64_t r, int tid, int nt, float mx) {
+template <typename T, typename O>
+__host__ __device__ inline float attn_exp(const attn_args<T, O> &a, int64_t r, int tid, int nt, float mx) {
   const dtl__attn_shape &s = a.s;
   int64_t end = dtl__attn_key_end(&s, dtl__attn_qpos(&s, r / s.qn));
   float *row = row_scores(a, r), sum = 0.0f;
@@ -62,15 +63,15 @@ __host__ __device__ inline float attn_exp(const attn_args<T> &a, int64_t r, int 
 
 /* Output, thread tid of nt: dims d = tid, tid + nt, ... of sum_j (e_j / sum) v_j over the row's keys; thread
  * 0 also stores the row's log-sum-exp. */
-template <typename T>
-__host__ __device__ inline void attn_out(const attn_args<T> &a, int64_t r, int tid, int nt, float mx, float sum) {
+template <typename T, typename O>
+__host__ __device__ inline void attn_out(const attn_args<T, O> &a, int64_t r, int tid, int nt, float mx, float sum) {
   const dtl__attn_shape &s = a.s;
   int64_t i = r / s.qn, h = r % s.qn, D = s.head_dim, end = dtl__attn_key_end(&s, dtl__attn_qpos(&s, i));
   int64_t kh = dtl__attn_kv_head(s.q_off, h, s.group, s.kv_off);
   const float *row = row_scores(a, r);
   const T *v0 = a.v + kh * D;
   float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-  T *out = a.out + i * s.ldo + h * D;
+  O *out = a.out + i * s.ldo + h * D;
   for (int64_t d = tid; d < D; d += nt) {
     float acc = 0.0f;
     for (int64_t j = 0; j < end; j++) acc += row[j] * inv * load(v0 + j * s.ldv + d);
@@ -79,8 +80,8 @@ __host__ __device__ inline void attn_out(const attn_args<T> &a, int64_t r, int t
   if (tid == 0 && a.lse) a.lse[i * s.qn + h] = dtl__attn_lse(mx, sum);
 }
 
-template <typename T>
-__global__ void __launch_bounds__(kRowThreads) attend_kernel(attn_args<T> a) {
+template <typename T, typename O>
+__global__ void __launch_bounds__(kRowThreads) attend_kernel(attn_args<T, O> a) {
   int64_t r = a.row0 + blockIdx.x;
   float mx = block_reduce(attn_scores(a, r, threadIdx.x, kRowThreads), max_op());
   float sum = block_reduce(attn_exp(a, r, threadIdx.x, kRowThreads, mx), sum_op());
@@ -88,7 +89,7 @@ __global__ void __launch_bounds__(kRowThreads) attend_kernel(attn_args<T> a) {
 }
 
 /* Checks s and the scratch, then calls launch(a, n) for each run of at most the scratch's rows. */
-template <typename T, typename L>
+template <typename T, typename O, typename L>
 dtl_status by_launch(const char *fn, const dtl__attn_shape *s, const void *q, const void *k, const void *v, void *out,
                      float *lse, void *scratch, size_t scratch_bytes, L launch) {
   DTL_TRY(dtl__attn_check(fn, s));
@@ -99,10 +100,19 @@ dtl_status by_launch(const char *fn, const dtl__attn_shape *s, const void *q, co
     return dtl__error_fn(DTL_ERR_INTERNAL, fn, "scratch_bytes=%zu (expected >= %zu: one score row)", scratch_bytes,
                          (size_t)s->tk * sizeof(float));
   for (int64_t row0 = 0; row0 < total; row0 += rows) {
-    attn_args<T> a = {*s, (const T *)q, (const T *)k, (const T *)v, (T *)out, lse, (float *)scratch, row0};
+    attn_args<T, O> a = {*s, (const T *)q, (const T *)k, (const T *)v, (O *)out, lse, (float *)scratch, row0};
     DTL_TRY(launch(a, total - row0 < rows ? total - row0 : rows));
   }
   return DTL_OK;
+}
+
+/* Calls f(T(), O()) with T the storage type of t and O that of out: T, or float with s->out_f32. */
+template <typename F>
+dtl_status with_types(const dtl__attn_shape *s, dtl_dtype t, const char *fn, F f) {
+  return with_type(t, fn, [&](auto z) {
+    using T = decltype(z);
+    return s->out_f32 ? f(z, float()) : f(z, T());
+  });
 }
 
 }  // namespace
@@ -110,10 +120,11 @@ dtl_status by_launch(const char *fn, const dtl__attn_shape *s, const void *q, co
 extern "C" dtl_status dtl__attn_cuda(const dtl__attn_shape *s, const void *q, const void *k, const void *v, void *out,
                                      float *lse, void *scratch, size_t scratch_bytes, dtl_dtype t, void *stream) {
   static const char fn[] = "dtl__attn_cuda";
-  return with_type(t, fn, [&](auto z) {
+  return with_types(s, t, fn, [&](auto z, auto o) {
     using T = decltype(z);
-    return by_launch<T>(fn, s, q, k, v, out, lse, scratch, scratch_bytes, [&](const attn_args<T> &a, int64_t n) {
-      attend_kernel<T><<<(unsigned)n, kRowThreads, 0, (cudaStream_t)stream>>>(a);
+    using O = decltype(o);
+    return by_launch<T, O>(fn, s, q, k, v, out, lse, scratch, scratch_bytes, [&](const attn_args<T, O> &a, int64_t n) {
+      attend_kernel<T, O><<<(unsigned)n, kRowThreads, 0, (cudaStream_t)stream>>>(a);
       return launched(fn);
     });
   });
@@ -122,9 +133,10 @@ extern "C" dtl_status dtl__attn_cuda(const dtl__attn_shape *s, const void *q, co
 extern "C" dtl_status dtl__attn_emulate(const dtl__attn_shape *s, const void *q, const void *k, const void *v,
                                         void *out, float *lse, void *scratch, size_t scratch_bytes, dtl_dtype t) {
   static const char fn[] = "dtl__attn_emulate";
-  return with_type(t, fn, [&](auto z) {
+  return with_types(s, t, fn, [&](auto z, auto o) {
     using T = decltype(z);
-    return by_launch<T>(fn, s, q, k, v, out, lse, scratch, scratch_bytes, [&](const attn_args<T> &a, int64_t n) {
+    using O = decltype(o);
+    return by_launch<T, O>(fn, s, q, k, v, out, lse, scratch, scratch_bytes, [&](const attn_args<T, O> &a, int64_t n) {
       float red[kRowThreads];
       for (int64_t r = a.row0; r < a.row0 + n; r++) {
         for (int tid = 0; tid < kRowThreads; tid++) red[tid] = attn_scores(a, r, tid, kRowThreads);

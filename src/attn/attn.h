@@ -35,6 +35,12 @@ typedef struct {
   int64_t q_pos0, k_pos0;
   bool causal;
   float scale;
+  /* Device half: out is f32 whatever t (a partial result that a merge accumulates in f32, src/attn/state.h);
+   * the host half is f32 throughout. */
+  bool out_f32;
+  /* Host half: when set, called between tiles (a ring lets its nonblocking transfer progress meanwhile). */
+  void (*progress)(void *arg);
+  void *progress_arg;
 } dtl__attn_shape;
 
 /* The local kv head of local q head h: global q head q_off + h belongs to kv head (q_off + h) / group,
@@ -60,10 +66,21 @@ static DTL_HD inline int64_t dtl__attn_key_end(const dtl__attn_shape *s, int64_t
   return n < 0 ? 0 : n > s->tk ? s->tk : n;
 }
 /* The log-sum-exp of a row from its max score mx and sum of exp(score - mx): -inf for a row that saw
- * nothing (no key, or every score -inf). */
-static DTL_HD inline float dtl__attn_lse(float mx, float sum) {
-  return mx == -INFINITY || !(sum > 0.0f) ? -INFINITY : mx + logf(sum);
-}
+ * nothing (no key, or every score -inf); NaN when a NaN score made the sum NaN (it must not pass for an
+ * empty row, which a merge would drop). */
+static DTL_HD inline float dtl__attn_lse(float mx, float sum) { return mx == -INFINITY ? -INFINITY : mx + logf(sum); }
+
+/* Which heads a rank of a group of n computes, never cutting a head: the rule of tensor parallelism
+ * (documented on dtl_tp_attention_heads in <dtl/tp.h>) that all-to-all context parallelism splits heads by
+ * too. With n <= kv_heads the kv heads are split by torch.chunk and each rank takes their q heads; with
+ * n > kv_heads every kv head is replicated on n / kv_heads ranks (vLLM's rule). Other combinations are
+ * DTL_ERR_INVALID_ARGUMENT naming fn and the numbers, the group size as group_name=n ("tp=3"). q and kv
+ * may be NULL. */
+typedef struct {
+  int64_t offset, count;
+} dtl__attn_range;
+dtl_status dtl__attn_heads(const char *fn, const char *group_name, int64_t q_heads, int64_t kv_heads, int n, int r,
+                           dtl__attn_range *q, dtl__attn_range *kv);
 
 /* DTL_ERR_INTERNAL naming fn and the field when s is inconsistent (negative sizes, leading dims narrower
  * than the heads, a q head whose kv head is not among the kn given). The entry points below call it. */
@@ -85,8 +102,9 @@ dtl_status dtl__attn_host(const dtl__gemm_engine *g, const dtl__attn_shape *s, c
                           const float *v, float *out, float *lse, void *scratch, size_t scratch_bytes);
 
 #if DTL_HAVE_NCCL
-/* The device half: q, k, v, out of dtype t (f32/f16/bf16) and lse (f32), positions and scratch in device
- * memory of the current device; f32 scores, softmax and accumulation, one rounding to t on store. Enqueued
+/* The device half: q, k, v, out of dtype t (f32/f16/bf16; out f32 with s->out_f32) and lse (f32), positions
+ * and scratch in device memory of the current device; f32 scores, softmax and accumulation, one rounding to
+ * t on store. Enqueued
  * on stream (a cudaStream_t); returns at once. */
 dtl_status dtl__attn_cuda(const dtl__attn_shape *s, const void *q, const void *k, const void *v, void *out,
                           float *lse, void *scratch, size_t scratch_bytes, dtl_dtype t, void *stream);

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Which piece of each dim a TP rank owns (torch.chunk through the layout math; whole attention heads with
  * grouped-query replication) and the copies that cut this rank's shard out of a dense checkpoint weight. */
+#include "attn/attn.h"
 #include "tp/tp_internal.h"
 
 dtl_status dtl_tp_split(const dtl_tp_context *ctx, int64_t n, dtl_tp_range *out) {
@@ -14,32 +15,10 @@ dtl_status dtl_tp_split(const dtl_tp_context *ctx, int64_t n, dtl_tp_range *out)
 
 dtl_status dtl__tp_heads(const dtl_tp_context *ctx, const char *fn, int64_t q_heads, int64_t kv_heads, int r,
                          dtl_tp_range *q, dtl_tp_range *kv) {
-  int64_t tp = ctx->size;
-  DTL_CHECK_ARG(q_heads >= 1 && kv_heads >= 1, fn, "q_heads=%lld kv_heads=%lld (expected >= 1)", (long long)q_heads,
-                (long long)kv_heads);
-  DTL_CHECK_ARG(q_heads % kv_heads == 0, fn,
-                "q_heads=%lld is not a multiple of kv_heads=%lld (grouped-query attention needs whole groups)",
-                (long long)q_heads, (long long)kv_heads);
-  int64_t g = q_heads / kv_heads;
-  dtl_tp_range qr, kr;
-  if (tp <= kv_heads) {
-    kr = dtl__tp_chunk(ctx, kv_heads, r);
-    qr = (dtl_tp_range){kr.offset * g, kr.count * g};
-  } else {
-    DTL_CHECK_ARG(tp % kv_heads == 0, fn,
-                  "kv_heads=%lld does not divide tp=%lld (with tp > kv_heads every kv head is replicated on "
-                  "tp / kv_heads ranks)",
-                  (long long)kv_heads, (long long)tp);
-    DTL_CHECK_ARG(q_heads % tp == 0, fn,
-                  "q_heads=%lld is not a multiple of tp=%lld (needed when tp > kv_heads=%lld, so that the ranks "
-                  "sharing a kv head split its q heads evenly)",
-                  (long long)q_heads, (long long)tp, (long long)kv_heads);
-    int64_t replicas = tp / kv_heads, per = q_heads / tp;
-    kr = (dtl_tp_range){r / replicas, 1};
-    qr = (dtl_tp_range){r * per, per};
-  }
-  if (q) *q = qr;
-  if (kv) *kv = kr;
+  dtl__attn_range qr, kr;
+  DTL_TRY(dtl__attn_heads(fn, "tp", q_heads, kv_heads, ctx->size, r, &qr, &kr));
+  if (q) *q = (dtl_tp_range){qr.offset, qr.count};
+  if (kv) *kv = (dtl_tp_range){kr.offset, kr.count};
   return DTL_OK;
 }
 

@@ -267,6 +267,34 @@ static void every_score_minus_infinity_gives_zero_output_and_lse_minus_infinity(
   free(q), free(k), free(v), free(scratch);
 }
 
+/* The host half's exponentials (a vectorised polynomial, not expf): scores spread over the whole f32 range
+ * below the row max (down to where exp underflows) against double precision, and a NaN score, which must
+ * reach the output rather than vanish. */
+static void host_softmax_is_accurate_over_the_exponent_range_and_keeps_nan(void **state) {
+  (void)state;
+  const int64_t tk = 200, D = 1;
+  dtl__attn_shape s = {.tq = 1, .tk = tk, .qn = 1, .kn = 1, .head_dim = D, .group = 1, .ldq = D, .ldk = D,
+                       .ldv = D, .ldo = D, .scale = 1.0f};
+  float q[1] = {1.0f}, k[200], v[200], out[1], lse[1];
+  double num = 0, den = 0;
+  for (int64_t j = 0; j < tk; j++) { /* scores 0, -0.53, ..., -105: exp from 1 down past f32's normal range */
+    k[j] = -0.53f * (float)j;
+    v[j] = (float)(j % 7) - 3.0f;
+    den += exp((double)k[j]);
+    num += exp((double)k[j]) * v[j];
+  }
+  size_t sb = dtl__attn_scratch_bytes(&s, DTL_MEMORY_HOST);
+  void *scratch = malloc(sb);
+  dtl__gemm_engine g = dtl__gemm_engine_host();
+  assert_int_equal(dtl__attn_host(&g, &s, q, k, v, out, lse, scratch, sb), DTL_OK);
+  assert_true(fabs(out[0] - num / den) <= 1e-6 * (1 + fabs(num / den)));
+  assert_true(fabs(lse[0] - log(den)) <= 1e-6);
+  k[17] = NAN;
+  assert_int_equal(dtl__attn_host(&g, &s, q, k, v, out, lse, scratch, sb), DTL_OK);
+  assert_true(isnan(out[0]) && isnan(lse[0]));
+  free(scratch);
+}
+
 /* --- the merge property --------------------------------------------------------------------------------- */
 /* Runs the core (host, or the emulated device half when dev) on keys [j0, j1) of d into out [tq, qn * D]
  * (packed, f32) and lse. */
@@ -424,6 +452,7 @@ int main(void) {
       cmocka_unit_test(host_core_gives_the_same_result_whatever_tiles_its_scratch_allows),
       cmocka_unit_test(host_core_rejects_too_little_scratch_and_an_inconsistent_shape),
       cmocka_unit_test(every_score_minus_infinity_gives_zero_output_and_lse_minus_infinity),
+      cmocka_unit_test(host_softmax_is_accurate_over_the_exponent_range_and_keeps_nan),
       cmocka_unit_test(merging_two_key_chunks_by_lse_equals_attending_to_all_keys),
       cmocka_unit_test(tiles_fit_the_scratch_budget_and_cover_short_sequences),
 #if DTL_HAVE_NCCL

@@ -3,21 +3,18 @@
  * path on an MPI context in the same process, in f32, f16 and bf16. The host path gets the device's inputs
  * rounded to the device's dtype, so only the device's own roundings and summation order differ:
  * - linear layers and the row-parallel reduction: integer data exact in every type, compared with ==;
- * - MLP (SiLU-gated and GELU) and attention (GQA, causal rows longer than a thread block) blocks, with and
+ * - MLP (SiLU-gated and GELU) and attention (GQA, causal rows longer than a thread block; RoPE with a KV cache
+ *   over prefill and decode steps, and its overflow) blocks, with and
  *   without biases and sequence parallelism: within tp_half.h's tolerance (f32: the host path's 1e-5);
  * - embedding: exact; an id outside the vocabulary is named and leaves the device output untouched;
  * - top-k/argmax (ties, NaN, a column-parallel LM head): the same indices and values as the host path.
  * Runs under mpirun with one rank; exits 77 (skipped) without a CUDA device. */
-#include <cuda_runtime.h>
 #include "tp_half.h"
 #include "tp_env.h"
-#include "dtl/nccl.h"
+#include "dt_nccl.h"
 
 static t_env E; /* the host path: an MPI context, one rank */
-static ncclComm_t nccl;
-static cudaStream_t stream;
-static dtl_comm *dcomm;
-static dtl_mesh *dmesh;
+static dt_nccl G;
 static dtl_tp_context *D; /* the device context of the dtype under test */
 static dtl_dtype DT;
 
@@ -28,16 +25,16 @@ static void *up(const float *h, size_t n) {
   if (!h) return NULL;
   void *tmp = t_pack(h, n, DT), *d = NULL;
   CUDA_CHECK(cudaMalloc(&d, n * dtl_dtype_size(DT) + 4));
-  CUDA_CHECK(cudaMemcpyAsync(d, tmp, n * dtl_dtype_size(DT), cudaMemcpyHostToDevice, stream));
-  CUDA_CHECK(cudaStreamSynchronize(stream));
+  CUDA_CHECK(cudaMemcpyAsync(d, tmp, n * dtl_dtype_size(DT), cudaMemcpyHostToDevice, G.stream));
+  CUDA_CHECK(cudaStreamSynchronize(G.stream));
   free(tmp);
   return d;
 }
 /* The f32 values of n DT elements at d, once the stream has finished. */
 static void down(const void *d, float *h, size_t n) {
   void *tmp = malloc(n * dtl_dtype_size(DT) + 4);
-  CUDA_CHECK(cudaMemcpyAsync(tmp, d, n * dtl_dtype_size(DT), cudaMemcpyDeviceToHost, stream));
-  CUDA_CHECK(cudaStreamSynchronize(stream));
+  CUDA_CHECK(cudaMemcpyAsync(tmp, d, n * dtl_dtype_size(DT), cudaMemcpyDeviceToHost, G.stream));
+  CUDA_CHECK(cudaStreamSynchronize(G.stream));
   for (size_t i = 0; i < n; i++) h[i] = t_load(tmp, i, DT);
   free(tmp);
 }
@@ -48,7 +45,7 @@ static void *dev_alloc(size_t n) {
 }
 /* Frees after the stream is done (layers copy their weights asynchronously). */
 static void release(void *d) {
-  CUDA_CHECK(cudaStreamSynchronize(stream));
+  CUDA_CHECK(cudaStreamSynchronize(G.stream));
   cudaFree(d);
 }
 /* The test data as the device sees it: reals or integers rounded to DT. */
@@ -188,6 +185,53 @@ static void attention_block_on_the_device_matches_the_host_path(void) {
     }
 }
 
+/* RoPE and the KV cache on the device: a prefill, decode steps and a 2-token step, each against the same
+ * call on the host path; then an overflow that leaves the device output and the cache as they were. */
+static void cached_attention_with_rope_on_the_device_matches_the_host_path(void) {
+  const int64_t H = 8, Hq = 8, Hkv = 2, Dh = 4, N = 9, W = (Hq + 2 * Hkv) * Dh, sched[] = {5, 1, 2, 1};
+  const size_t es = dtl_dtype_size(DT);
+  for (int sp = 0; sp < 2; sp++) {
+    float *x = reals(71, N * H, 1.0f), *wqkv = reals(72, W * H, 0.5f), *wo = reals(73, H * Hq * Dh, 0.5f);
+    float want[5 * 8], got[5 * 8];
+    dtl_tp_attention_params p = {.mask = DTL_TP_ROPE, .flags = sp ? DTL_TP_SEQUENCE_PARALLEL : 0, .hidden = H,
+                                 .q_heads = Hq, .kv_heads = Hkv, .head_dim = Dh, .qkv = wqkv, .out = wo,
+                                 .rope_theta = 10000.0f};
+    dtl_tp_attention *ah = NULL, *ad = NULL;
+    dtl_tp_kv_cache *ch = NULL, *cd = NULL;
+    CHECK_OK(dtl_tp_attention_create(E.ctx, &p, &ah));
+    p.qkv = up(wqkv, (size_t)(W * H)), p.out = up(wo, (size_t)(H * Hq * Dh));
+    CHECK_OK(dtl_tp_attention_create(D, &p, &ad));
+    CHECK_OK(dtl_tp_kv_cache_create(ah, N, &ch));
+    CHECK_OK(dtl_tp_kv_cache_create(ad, N, &cd));
+    char *dx = up(x, (size_t)(N * H));
+    void *dy = dev_alloc(5 * 8);
+    for (int64_t i = 0, s0 = 0; i < 4; s0 += sched[i], i++) {
+      int64_t T = sched[i];
+      dtl_layout *lh = NULL, *ld = NULL;
+      CHECK_OK(dtl_tp_attention_layouts(ah, T, &lh, NULL));
+      CHECK_OK(dtl_tp_attention_layouts(ad, T, &ld, NULL));
+      CHECK_OK(dtl_tp_attention_forward_cached(ah, ch, lh, x + s0 * H, want));
+      CHECK_OK(dtl_tp_attention_forward_cached(ad, cd, ld, dx + (size_t)(s0 * H) * es, dy));
+      down(dy, got, (size_t)(T * H));
+      compare(want, got, (size_t)(T * H), "cached sp=%d tokens %d..%d", sp, (int)s0, (int)(s0 + T - 1));
+      dtl_layout_destroy(lh), dtl_layout_destroy(ld);
+    }
+    CHECK(dtl_tp_kv_cache_length(cd) == N, "device cache length %lld", (long long)dtl_tp_kv_cache_length(cd));
+    float sentinel[8] = {7, 7, 7, 7, 7, 7, 7, 7};
+    void *ds = up(sentinel, 8);
+    dtl_layout *one = NULL;
+    CHECK_OK(dtl_tp_attention_layouts(ad, 1, &one, NULL));
+    CHECK_ERROR(dtl_tp_attention_forward_cached(ad, cd, one, dx, ds), DTL_ERR_INVALID_ARGUMENT, "max_tokens=9");
+    down(ds, got, 8);
+    for (int i = 0; i < 8; i++) CHECK(got[i] == 7.0f, "y[%d]=%g written by an overflowing call", i, got[i]);
+    dtl_layout_destroy(one);
+    dtl_tp_kv_cache_destroy(ch), dtl_tp_kv_cache_destroy(cd);
+    dtl_tp_attention_destroy(ah), dtl_tp_attention_destroy(ad);
+    release(dx), release(dy), release(ds), release((void *)p.qkv), release((void *)p.out);
+    free(x), free(wqkv), free(wo);
+  }
+}
+
 /* ---------------------------------------------------------------------------------------------------- */
 static void embedding_on_the_device_is_exact_and_names_ids_outside_the_vocabulary(void) {
   const int64_t V = 11, H = 6, T = 9, ids[9] = {0, 10, 5, 5, 3, 7, 1, 9, 2};
@@ -210,11 +254,11 @@ static void embedding_on_the_device_is_exact_and_names_ids_outside_the_vocabular
   CHECK_OK(dtl_tp_embedding_create(D, &p, &e));
   size_t bytes = (size_t)(T * H) * dtl_dtype_size(DT);
   unsigned char *after = malloc(bytes);
-  CUDA_CHECK(cudaMemsetAsync(dy, 0x7b, bytes, stream));
+  CUDA_CHECK(cudaMemsetAsync(dy, 0x7b, bytes, G.stream));
   int64_t bad[5] = {1, 2, 3, 11, 0};
   CHECK_ERROR(dtl_tp_embedding_forward(e, 5, bad, dy), DTL_ERR_INVALID_ARGUMENT, "ids[3]=11");
-  CUDA_CHECK(cudaMemcpyAsync(after, dy, bytes, cudaMemcpyDeviceToHost, stream));
-  CUDA_CHECK(cudaStreamSynchronize(stream));
+  CUDA_CHECK(cudaMemcpyAsync(after, dy, bytes, cudaMemcpyDeviceToHost, G.stream));
+  CUDA_CHECK(cudaStreamSynchronize(G.stream));
   size_t changed = 0;
   for (size_t i = 0; i < bytes; i++) changed += after[i] != 0x7b;
   CHECK(changed == 0, "%zu bytes of y changed by a failed call", changed);
@@ -293,14 +337,7 @@ int main(int argc, char **argv) {
     return dt_skip(E.tp != 1 ? "runs at one rank (one GPU holds one NCCL rank)"
                              : "no CUDA device (the TP layers on NCCL were not run)");
   }
-  ncclUniqueId id;
-  int one = 1;
-  if (cudaSetDevice(0) != cudaSuccess || cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess ||
-      ncclGetUniqueId(&id) != ncclSuccess || ncclCommInitRank(&nccl, 1, id, 0) != ncclSuccess ||
-      dtl_comm_from_nccl(nccl, stream, &dcomm) != DTL_OK || dtl_mesh_create(dcomm, 1, &one, &dmesh) != DTL_OK) {
-    printf("could not set up NCCL at world size 1: %s\n", dtl_last_error());
-    MPI_Abort(MPI_COMM_WORLD, 1);
-  }
+  dt_nccl_setup(&G);
   const dtl_dtype types[3] = {DTL_FLOAT32, DTL_FLOAT16, DTL_BFLOAT16};
 #define DEVICE_CASE(fn) {fn, #fn}
   static const struct {
@@ -309,13 +346,14 @@ int main(int argc, char **argv) {
   } cases[] = {DEVICE_CASE(linear_layers_and_the_row_reduction_equal_the_host_exactly),
                DEVICE_CASE(mlp_block_on_the_device_matches_the_host_path),
                DEVICE_CASE(attention_block_on_the_device_matches_the_host_path),
+               DEVICE_CASE(cached_attention_with_rope_on_the_device_matches_the_host_path),
                DEVICE_CASE(embedding_on_the_device_is_exact_and_names_ids_outside_the_vocabulary),
                DEVICE_CASE(topk_and_argmax_on_the_device_equal_the_host_path),
                DEVICE_CASE(lm_head_then_argmax_on_the_device_equals_the_host_path)};
   for (int ti = 0; ti < 3; ti++) {
     DT = types[ti];
     dtl_tp_options o = {.mask = DTL_TP_OPT_DTYPE, .dtype = DT};
-    REQUIRE_OK(dtl_tp_context_create(dmesh, 0, &o, &D));
+    REQUIRE_OK(dtl_tp_context_create(G.mesh, 0, &o, &D));
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
       char name[128];
       snprintf(name, sizeof name, "%s (%s)", cases[c].name, dtl_dtype_name(DT));
@@ -324,10 +362,7 @@ int main(int argc, char **argv) {
     dtl_tp_context_destroy(D);
     D = NULL;
   }
-  dtl_mesh_destroy(dmesh);
-  dtl_comm_destroy(dcomm);
-  ncclCommDestroy(nccl);
-  cudaStreamDestroy(stream);
+  dt_nccl_teardown(&G);
   t_teardown(&E);
   return dt_finish();
 }

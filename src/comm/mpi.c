@@ -39,7 +39,7 @@ typedef struct {
   size_t limit;
   int tag_span;      /* nonblocking tags 2 .. 2 + tag_span - 1 */
   unsigned seq;      /* nonblocking collective starts so far */
-  MPI_Request *reqs; /* 2 x size */
+  MPI_Request *reqs; /* 4 x size: one round, then a chain root's window */
   dtl__xfer *xfers;  /* 2 x size */
   size_t *offs;      /* 2 x size */
   void *scratch;
@@ -272,6 +272,7 @@ static dtl_status dtl__mpi_algo(dtl_comm *c, dtl__mpi_call *k, dtl__algo_call a,
     x.tag = DTL__TAG_ALGO;
     x.reqs = m->reqs;
     x.reqs_cap = 2 * c->size;
+    x.window = m->reqs + 2 * c->size;
     x.scratch = m->scratch;
   }
   dtl_status st = dtl__algo_run(&x, &a, &k->after);
@@ -1014,10 +1015,10 @@ static dtl_status dtl__comm_wrap_mpi(MPI_Comm dup, const dtl__mpi *parent, dtl_c
   dtl_status st = DTL_OK;
   if (parent) m->table = parent->table;
   else st = dtl__mpi_table(m, rank, size);
-  /* One block: xfers and offs (2 x size each), reqs (2 x size), counts (4 x size ints). */
+  /* One block: xfers and offs (2 x size each), reqs (4 x size), counts (4 x size ints). */
   size_t p = (size_t)size;
   if (st == DTL_OK &&
-      !(m->xfers = dtl__malloc((sizeof(dtl__xfer) + sizeof(size_t) + sizeof(MPI_Request)) * 2 * p + sizeof(int) * 4 * p)))
+      !(m->xfers = dtl__malloc((sizeof(dtl__xfer) + sizeof(size_t)) * 2 * p + (sizeof(MPI_Request) + sizeof(int)) * 4 * p)))
     st = dtl__error(DTL_ERR_OUT_OF_MEMORY, "dtl_comm_from_mpi: out of host memory");
   if (st != DTL_OK) {
     dtl__mpi_free(m);
@@ -1025,7 +1026,7 @@ static dtl_status dtl__comm_wrap_mpi(MPI_Comm dup, const dtl__mpi *parent, dtl_c
   }
   m->offs = (size_t *)(m->xfers + 2 * p);
   m->reqs = (MPI_Request *)(m->offs + 2 * p);
-  m->counts = (int *)(m->reqs + 2 * p);
+  m->counts = (int *)(m->reqs + 4 * p);
   st = dtl__comm_new(&dtl__mpi_ops, dtl__mem_host(), rank, size, m, out);
   if (st != DTL_OK) dtl__mpi_free(m);
   return st;

@@ -2,7 +2,7 @@
 /* dtl's own collective algorithms on the MPI transport, made of point-to-point transfers on its communicator:
  * reduce-scatter as an all-to-all of blocks plus a rank-order fold (a2a_fold), all-reduce as that plus an
  * all-gather (rs_ag) or as an all-gather of whole vectors plus a fold (ag_fold), reduce likewise (rs_gather,
- * gather_fold), direct and ring all-gathers and a direct all-to-all(v). Every transfer moves in pieces of at
+ * gather_fold) or as a pipelined chain in rank order, direct and ring all-gathers and a direct all-to-all(v). Every transfer moves in pieces of at
  * most `limit` elements, which is also how calls with counts or displacements beyond INT_MAX get through MPI.
  * Every reduction is the fold of dtl__fold, contributions in rank order, so results do not depend on the
  * algorithm. */
@@ -244,12 +244,21 @@ static size_t dtl__max_count(const size_t *counts, size_t each, int p) {
 
 static char *dtl__at(const void *base, size_t elems, size_t es) { return (char *)base + elems * es; }
 
+/* A chain's segment (elements): 64 KiB at least (or the whole vector), at most 64 segments in all, at most the
+ * limit. */
+static size_t dtl__chain_segment(size_t n, size_t es, size_t limit) {
+  size_t seg = (n + 63) / 64, least = 65536 / es;
+  if (seg < least) seg = least < n ? least : n ? n : 1;
+  return seg < limit ? seg : limit;
+}
+
 size_t dtl__algo_scratch_bytes(const dtl__algo_ctx *x, const dtl__algo_call *a) {
   size_t p = (size_t)x->size, es = x->es, n = a->count;
   switch (a->algo) {
     case DTL__ALGO_A2A_FOLD: return (p - 1) * dtl__max_count(a->counts, n, x->size) * es;
     case DTL__ALGO_RS_AG: return (p - 1) * dtl__even(n, x->size, 0) * es;
     case DTL__ALGO_RS_GATHER: return p * dtl__even(n, x->size, 0) * es;
+    case DTL__ALGO_CHAIN: return 2 * dtl__chain_segment(n, es, x->limit) * es;
     case DTL__ALGO_AG_FOLD:
     case DTL__ALGO_GATHER_FOLD: return (p - 1) * n * es;
     case DTL__ALGO_DIRECT: /* a nonblocking in-place all-to-all receives into a copy of the buffer */
@@ -447,6 +456,53 @@ static dtl_status dtl__reduction(dtl__algo_ctx *x, const dtl__algo_call *a, dtl_
   return dtl__exchange(x, a->fn);
 }
 
+/* reduce as a chain: segment g of the partial fold of ranks 0..q-1 travels from rank q-1 to q, which adds its
+ * own and passes it on, so the ranks' contributions meet in rank order (the same rounding as dtl__fold) and
+ * every link carries the vector once; rank p-1 holds the result, and sends it to root unless it is root. In
+ * step g a rank receives segment g and sends segment g-1 (double-buffered in scratch); root keeps up to
+ * 2 x size receives of the result open in window, posting segment g-1's after its own segment g-1 left (so
+ * that an in-place root sends its contribution before the result overwrites it). */
+static dtl_status dtl__chain(dtl__algo_ctx *x, const dtl__algo_call *a) {
+  int r = x->rank, p = x->size, root = a->root, last = p - 1;
+  size_t n = a->count, es = x->es, seg = dtl__chain_segment(n, es, x->limit), nseg = n ? (n - 1) / seg + 1 : 0;
+  if (p == 1) {
+    dtl__fold(a->recv, a->send, 0, NULL, 0, 1, n, x->t, x->op);
+    return DTL_OK;
+  }
+  char *buf[2] = {x->scratch, (char *)x->scratch + seg * es};
+  int open = 0, oldest = 0, cap = 2 * p;
+  dtl_status st = DTL_OK;
+  for (size_t g = 0; g <= nseg && st == DTL_OK; g++) {
+    size_t at = g * seg, m = g < nseg ? (n - at < seg ? n - at : seg) : 0;
+    size_t prev = g ? (g - 1) * seg : 0, pm = g ? (n - prev < seg ? n - prev : seg) : 0;
+    if (r > 0 && g < nseg) dtl__add(x, buf[g % 2], m, r - 1, false);
+    if (g >= 1 && (r < last || root != last))
+      dtl__add(x, r == 0 ? dtl__at(a->send, prev, es) : buf[(g - 1) % 2], pm, r < last ? r + 1 : root, true);
+    st = dtl__exchange(x, a->fn);
+    if (st == DTL_OK && r == root && root != last && g >= 1) {
+      if (open == cap) { /* the window is full: the oldest receive first */
+        int rc = MPI_Wait(&x->window[oldest], MPI_STATUS_IGNORE);
+        if (rc != MPI_SUCCESS) st = dtl__mpi_error(a->fn, rc);
+        oldest = (oldest + 1) % cap;
+        open--;
+      }
+      int rc = MPI_Irecv(dtl__at(a->recv, prev, es), (int)pm, x->dt, last, x->tag, x->comm,
+                         &x->window[(oldest + open) % cap]);
+      if (rc != MPI_SUCCESS && st == DTL_OK) st = dtl__mpi_error(a->fn, rc);
+      if (rc == MPI_SUCCESS) open++;
+    }
+    if (st == DTL_OK && r > 0 && g < nseg) /* partial (ranks < r) op own */
+      dtl__fold(r == last && root == last ? dtl__at(a->recv, at, es) : buf[g % 2], buf[g % 2], 0,
+                dtl__at(a->send, at, es), 0, 2, m, x->t, x->op);
+  }
+  for (; open > 0; open--, oldest = (oldest + 1) % cap) {
+    int rc = MPI_Wait(&x->window[oldest], MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS && st == DTL_OK) st = dtl__mpi_error(a->fn, rc);
+  }
+  if (st == DTL_OK && r == root && x->op == DTL_AVG) dtl__divide(a->recv, n, x->t, p);
+  return st;
+}
+
 /* gather and scatter of large calls: blocks straight to or from root. */
 static dtl_status dtl__rooted(dtl__algo_ctx *x, const dtl__algo_call *a) {
   int r = x->rank, p = x->size;
@@ -480,7 +536,7 @@ dtl_status dtl__algo_run(dtl__algo_ctx *x, const dtl__algo_call *a, dtl__algo_af
     case DTL__COLL_ALL_GATHER: st = dtl__all_gather(x, a); break;
     case DTL__COLL_REDUCE_SCATTER: st = dtl__reduce_scatter(x, a, f); break;
     case DTL__COLL_ALL_REDUCE:
-    case DTL__COLL_REDUCE: st = dtl__reduction(x, a, f); break;
+    case DTL__COLL_REDUCE: st = a->algo == DTL__ALGO_CHAIN ? dtl__chain(x, a) : dtl__reduction(x, a, f); break;
     default: st = dtl__rooted(x, a); break;
   }
   if (st == DTL_OK && !x->nonblocking) {

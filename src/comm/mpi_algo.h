@@ -32,6 +32,7 @@ typedef enum {
   DTL__ALGO_AG_FOLD,     /* all-reduce: every vector to every rank, then a rank-order fold */
   DTL__ALGO_RS_GATHER,   /* reduce: a2a_fold reduce-scatter, then the blocks to root */
   DTL__ALGO_GATHER_FOLD, /* reduce: every vector to root, then a rank-order fold */
+  DTL__ALGO_CHAIN,       /* reduce: a pipeline 0 -> 1 -> ... -> p-1 (-> root), each rank adding its own */
   DTL__NALGOS
 } dtl__algo;
 
@@ -73,7 +74,7 @@ size_t dtl__algo_table_render(const dtl__algo_table *t, char *buf, size_t cap);
 /* A call's class: exact for floating SUM/PROD/AVG over 3 or more ranks. */
 dtl__class dtl__algo_class(bool reduces, dtl_dtype t, dtl_reduce_op op, int p);
 /* The algorithm a call runs: DTL_ALGO's choice, else the table's row for (coll, cls, p, bytes). Then a
- * nonblocking start (async) that cannot post all its transfers at once (rs_ag, ring, rs_gather) runs the
+ * nonblocking start (async) that cannot post all its transfers at once (rs_ag, ring, rs_gather, chain) runs the
  * collective's one-shot algorithm, and a call with a count or displacement beyond the transport's limit
  * (large) runs a dtl algorithm instead of `mpi` (all_to_allv excepted: only this rank knows it is large).
  * Every input is the same on every rank, so every rank picks the same algorithm. */
@@ -108,7 +109,8 @@ typedef struct {
   MPI_Request *reqs;
   int nreqs, reqs_cap;
   MPI_Request *reqs_heap;
-  void *scratch; /* at least dtl__algo_scratch_bytes */
+  MPI_Request *window; /* blocking: 2 x size more, for the receives a chain's root keeps open */
+  void *scratch;       /* at least dtl__algo_scratch_bytes */
 } dtl__algo_ctx;
 
 /* The transport's message for a failed MPI call (mpi.c). */

@@ -34,8 +34,8 @@
 
 static const char *const coll_names[DTL__NCOLLS] = {"all_reduce", "reduce_scatter", "all_gather",
                                                     "all_to_all", "all_to_allv",    "reduce"};
-static const char *const algo_names[DTL__NALGOS] = {"mpi",    "direct",  "ring",      "a2a_fold",
-                                                    "rs_ag",  "ag_fold", "rs_gather", "gather_fold"};
+static const char *const algo_names[DTL__NALGOS] = {"mpi",    "direct",  "ring",      "a2a_fold",   "rs_ag",
+                                                    "ag_fold", "rs_gather", "gather_fold", "chain"};
 
 #define A(x) (1u << DTL__ALGO_##x)
 /* The algorithms of each collective, the one an exact call falls back on, and whether it reduces. */
@@ -49,10 +49,10 @@ static const struct {
     [DTL__COLL_ALL_GATHER] = {A(MPI) | A(DIRECT) | A(RING), DTL__ALGO_MPI, false},
     [DTL__COLL_ALL_TO_ALL] = {A(MPI) | A(DIRECT), DTL__ALGO_MPI, false},
     [DTL__COLL_ALL_TO_ALLV] = {A(MPI) | A(DIRECT), DTL__ALGO_MPI, false},
-    [DTL__COLL_REDUCE] = {A(MPI) | A(RS_GATHER) | A(GATHER_FOLD), DTL__ALGO_RS_GATHER, true},
+    [DTL__COLL_REDUCE] = {A(MPI) | A(RS_GATHER) | A(GATHER_FOLD) | A(CHAIN), DTL__ALGO_CHAIN, true},
 };
 /* Algorithms that need transfers after a local step (so not one nonblocking start). */
-static const unsigned multi_phase = A(RS_AG) | A(RING) | A(RS_GATHER);
+static const unsigned multi_phase = A(RS_AG) | A(RING) | A(RS_GATHER) | A(CHAIN);
 #undef A
 
 const char *dtl__coll_name(dtl__coll k) { return k < DTL__NCOLLS ? coll_names[k] : "?"; }
@@ -77,7 +77,7 @@ static const char default_rows[] =
     "all_to_allv     *      *    0     direct\n"
     "reduce          any    *    0     mpi\n"
     "reduce          exact  *    0     gather_fold\n"
-    "reduce          exact  *    64K   rs_gather\n";
+    "reduce          exact  *    64K   chain\n";
 
 static uint64_t dtl__algo_fp(const dtl__algo_table *t) {
   uint64_t h = dtl__fp_mix(0xa190ull, (uint64_t)t->nrows);

@@ -66,7 +66,7 @@ static void largest_from_bytes_wins_and_the_later_row_among_equals(void **state)
   /* no exact row: the collective's rank-order algorithm */
   assert_int_equal(pick(&t, DTL__COLL_ALL_REDUCE, EXACT, 4, 100), DTL__ALGO_RS_AG);
   assert_int_equal(pick(&t, DTL__COLL_REDUCE_SCATTER, EXACT, 4, 100), DTL__ALGO_A2A_FOLD);
-  assert_int_equal(pick(&t, DTL__COLL_REDUCE, EXACT, 4, 100), DTL__ALGO_RS_GATHER);
+  assert_int_equal(pick(&t, DTL__COLL_REDUCE, EXACT, 4, 100), DTL__ALGO_CHAIN);
 }
 
 static void forced_algorithms_override_and_starts_and_large_calls_adjust(void **state) {

@@ -33,12 +33,14 @@ static variant variants[] = {
               "reduce:rs_gather", 0, true, 0},
     {"dtl B", "all_reduce:ag_fold,reduce_scatter:a2a_fold,all_gather:ring,all_to_all:direct,all_to_allv:direct,"
               "reduce:gather_fold", 0, true, 0},
+    {"dtl C", "all_reduce:rs_ag,reduce_scatter:a2a_fold,all_gather:direct,reduce:chain", 0, true, 0},
     {"table", NULL, 0, false, 0},
     /* pieces of at most 3 elements: large calls' paths (the MPI call in pieces, or a dtl algorithm instead) */
     {"mpi, limit 3", "all_reduce:mpi,reduce_scatter:mpi,all_gather:mpi,all_to_all:mpi,all_to_allv:direct,reduce:mpi",
      3, false, 0},
     {"dtl A, limit 3", "all_reduce:rs_ag,reduce_scatter:a2a_fold,all_gather:direct,all_to_all:direct,"
                        "all_to_allv:direct,reduce:rs_gather", 3, true, 0},
+    {"dtl C, limit 3", "all_reduce:rs_ag,reduce:chain", 3, true, 0},
     {"dtl B, limit 5", "all_reduce:ag_fold,reduce_scatter:a2a_fold,all_gather:ring,all_to_all:direct,"
                        "all_to_allv:direct,reduce:gather_fold", 5, true, 0},
 };
@@ -511,7 +513,7 @@ static void the_chosen_algorithm_runs_and_is_reported(void) {
   float x[128] = {0}, y[64 * 16]; /* x: 64 f64 too */
   int32_t xi[64] = {0}, yi[64 * 8];
   dtl_request *req;
-  dtl_comm *a = variants[1].c, *m3 = variants[4].c, *table = variants[3].c;
+  dtl_comm *a = variants[1].c, *m3 = variants[5].c, *table = variants[4].c;
   CHECK(!strcmp(dtl_comm_mpi_last_algorithm(NULL), ""), "NULL communicator");
   CHECK_OK(dtl_all_reduce(a, x, y, 8, DTL_FLOAT32, DTL_SUM));
   expect_algo(a, "all_reduce:rs_ag", "forced rs_ag");
@@ -569,7 +571,7 @@ static void malformed_or_differing_algorithm_settings_fail_every_rank(void) {
   expect_refused("all_reduce:fast", NULL, DTL_ERR_INVALID_ARGUMENT, "entry 1 \"all_reduce:fast\": unknown algorithm");
   expect_refused("all_gather:ring,bcast:mpi", NULL, DTL_ERR_INVALID_ARGUMENT, "entry 2 \"bcast:mpi\": unknown collective");
   expect_refused("all_gather", NULL, DTL_ERR_INVALID_ARGUMENT, "entry 1 \"all_gather\": expected collective:algorithm");
-  expect_refused("reduce:ring", NULL, DTL_ERR_INVALID_ARGUMENT, "(expected auto, mpi, rs_gather, gather_fold)");
+  expect_refused("reduce:ring", NULL, DTL_ERR_INVALID_ARGUMENT, "(expected auto, mpi, rs_gather, gather_fold, chain)");
   expect_refused("all_gather:ring,all_gather:mpi", NULL, DTL_ERR_INVALID_ARGUMENT, "all_gather is given twice");
   expect_refused(NULL, "/nonexistent/dtl_algo_table", DTL_ERR_INVALID_ARGUMENT, "DTL_ALGO_TABLE=\"/nonexistent");
   char path[64];

@@ -42,7 +42,7 @@ demo:
 	@$(SUBMAKE) setup
 	@$(SUBMAKE) build
 	DTL_CHECK=1 $(MPIRUN) -n $(NP) $(BUILD)/examples/collectives
-	@for ex in quickstart tp_transformer moe context_parallel pipeline kv_transfer; do \
+	@for ex in quickstart tp_transformer moe context_parallel generate pipeline kv_transfer; do \
 	  if [ -x $(BUILD)/examples/$$ex ]; then echo "== $$ex on $(NP) ranks"; \
 	    DTL_CHECK=1 $(MPIRUN) -n $(NP) $(BUILD)/examples/$$ex || exit 1; fi; done
 
@@ -77,6 +77,7 @@ bench: build
 	for np in 2 4; do $(MPIRUN) -n $$np $(BUILD)/bench/dtl_moe_perf -b 64 -e 2K -f 2 || exit 1; done
 	for np in 1 2 4; do $(MPIRUN) -n $$np $(BUILD)/bench/dtl_load_perf -s 256M -n 3 || exit 1; done
 	for np in 2 4; do $(MPIRUN) -n $$np $(BUILD)/bench/dtl_cp_perf -T 2048,8192 || exit 1; done
+	for np in 1 2 4; do $(MPIRUN) -n $$np $(BUILD)/examples/generate -n 20 -w 2 || exit 1; done
 
 install: build
 	cmake --install $(BUILD) --prefix $(PREFIX)

@@ -6,7 +6,8 @@
  * Conventions
  * - A context names a mesh and the mesh dim that is the tensor-parallel (TP) group; every collective runs
  *   on that dim's communicator, so other mesh dims (data parallel) never communicate here.
- * - Activations are 2-D row-major [tokens, features]; the tokens of one call form one causal sequence.
+ * - Activations are 2-D row-major [tokens, features]; the tokens of one call form one causal sequence (a
+ *   cached attention call continues the sequence its KV cache holds).
  *   Their layouts are dtl layouts on the context's mesh: the stated placement on the TP dim, Replicate on
  *   every other mesh dim (a data-parallel replica that feeds other tokens simply runs its own TP group).
  *   R             : every TP rank holds all of [T, F]
@@ -67,6 +68,7 @@ typedef struct dtl_tp_context dtl_tp_context;
  * dtl_tp_weight_shard_* / dtl_tp_weight_read_* functions produce it (row-parallel biases: the whole [out]),
  * instead of the dense tensor; so a rank never holds a dense weight. */
 #define DTL_TP_SHARDED_WEIGHTS DTL_BIT(4)
+#define DTL_TP_ROPE DTL_BIT(5) /* mask, attention: rope_theta is read: rotary position embedding on q and k */
 
 typedef struct {
   uint64_t mask;   /* DTL_TP_OPT_DTYPE */
@@ -232,9 +234,16 @@ DTL_API void dtl_tp_mlp_destroy(dtl_tp_mlp *m);
 /* Attention block: [T, hidden] -> fused QKV column-parallel by heads (dtl_tp_attention_heads) -> causal
  * scaled-dot-product attention of this rank's heads (query i attends to keys 0..i; q head h uses kv head
  * h / (q_heads / kv_heads)) -> output projection row-parallel over those heads -> [T, hidden]. Layouts and
- * collectives as for the MLP block. No rotary embedding (apply it to the weights' outputs yourself). */
+ * collectives as for the MLP block.
+ * Rotary position embedding (with DTL_TP_ROPE in mask): every q and k head is turned at its token's absolute
+ * position p before the scores, in the GPT-NeoX "rotate half" layout that Hugging Face's Llama, Mistral,
+ * Qwen and Mixtral use: element i < D/2 of a head pairs with element i + D/2 (not with i + 1, GPT-J's
+ * interleaved layout), and the pair (a, b) becomes (a cos - b sin, b cos + a sin) with the angle
+ * p * rope_theta^(-2i/D), computed in f32 as Hugging Face does (head_dim must be even). The whole head
+ * turns (no partial rotary dims) and no frequency scaling is applied (Llama 3 / YaRN scaling: turn the
+ * projections yourself). A forward without a cache puts its tokens at positions 0..T-1. */
 typedef struct {
-  uint64_t mask;  /* DTL_TP_SCALE */
+  uint64_t mask;  /* DTL_TP_SCALE, DTL_TP_ROPE */
   uint64_t flags; /* DTL_TP_SEQUENCE_PARALLEL, DTL_TP_SHARDED_WEIGHTS (qkv and qkv_bias: shard_qkv's shards;
                    * out: shard_attention_out's; out_bias: whole) */
   int64_t hidden, q_heads, kv_heads, head_dim;
@@ -243,6 +252,7 @@ typedef struct {
   const void *qkv_bias; /* [(q_heads + 2 kv_heads) * head_dim]; NULL = none */
   const void *out_bias; /* [hidden]; NULL = none */
   float scale;          /* with DTL_TP_SCALE */
+  float rope_theta;     /* with DTL_TP_ROPE: the base, finite and > 0 (Llama 2: 10000, Llama 3: 500000) */
 } dtl_tp_attention_params;
 typedef struct dtl_tp_attention dtl_tp_attention;
 DTL_API dtl_status dtl_tp_attention_create(dtl_tp_context *ctx, const dtl_tp_attention_params *p,
@@ -251,6 +261,35 @@ DTL_API dtl_status dtl_tp_attention_layouts(const dtl_tp_attention *a, int64_t t
                                             dtl_layout **out);
 DTL_API dtl_status dtl_tp_attention_forward(dtl_tp_attention *a, const dtl_layout *x_layout, const void *x, void *y);
 DTL_API void dtl_tp_attention_destroy(dtl_tp_attention *a);
+
+/* A KV cache of one attention block for autoregressive decoding: this rank's kv heads (dtl_tp_attention_heads:
+ * its share of them, or the one replicated kv head when tp > kv_heads), keys and values of up to max_tokens
+ * tokens each ([max_tokens, kv.count * head_dim] twice), in the TP communicator's memory, allocated once at
+ * creation. A cached forward sizes the context's scratch for a full cache, so once a call with as many tokens
+ * (or more) has run, the next ones allocate nothing: decode steps after a prefill never do. Keys are stored
+ * after RoPE. The cache's length (tokens
+ * held) is the same on every TP rank as long as every rank makes the same calls.
+ * Creation is collective over the TP group and agreed (one rank's bad argument or missing memory fails every
+ * rank); destroy the cache before its block. Length and reset are local: every TP rank must reset alike. */
+typedef struct dtl_tp_kv_cache dtl_tp_kv_cache;
+DTL_API dtl_status dtl_tp_kv_cache_create(const dtl_tp_attention *a, int64_t max_tokens, dtl_tp_kv_cache **out);
+DTL_API void dtl_tp_kv_cache_destroy(dtl_tp_kv_cache *c);
+/* Tokens held (0 after creation and reset); -1 for NULL. */
+DTL_API int64_t dtl_tp_kv_cache_length(const dtl_tp_kv_cache *c);
+/* Empties the cache for a new sequence (the memory stays). */
+DTL_API dtl_status dtl_tp_kv_cache_reset(dtl_tp_kv_cache *c);
+/* The block over the T tokens of x (layouts as dtl_tp_attention_forward: [T, hidden] R, or S(0) with sequence
+ * parallelism) as the continuation of the sequence the cache holds: with L = the cache's length, the tokens
+ * are at positions L..L+T-1 (RoPE turns their q and k there), their keys and values are appended to the
+ * cache at rows L..L+T-1, and each attends causally over all L + T cached tokens. A prompt is one call with
+ * T tokens (prefill), each decode step one call with T = 1; any T >= 1 continues the sequence. Then the cache
+ * holds L + T tokens. The result is that of dtl_tp_attention_forward over the whole sequence, restricted to
+ * these T rows (up to the summation order). cache must be one of a's. L + T > max_tokens is
+ * DTL_ERR_INVALID_ARGUMENT with nothing written (y, the cache and its length untouched) on every rank alike;
+ * with DTL_CHECK the call's fingerprint includes L, so a rank whose cache length differs from its peers' (a
+ * caller's missed reset or call) fails every rank with DTL_ERR_MISMATCH instead of a silent mix. */
+DTL_API dtl_status dtl_tp_attention_forward_cached(dtl_tp_attention *a, dtl_tp_kv_cache *cache,
+                                                   const dtl_layout *x_layout, const void *x, void *y);
 
 /* Vocab-parallel embedding: the table [vocab, hidden] is sharded on vocab (rows chunk(vocab)); each rank
  * looks up the ids it owns and writes zeros for the others (a Partial(sum)), then one all-reduce gives R

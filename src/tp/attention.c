@@ -1,11 +1,13 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* The tensor-parallel attention block: fused QKV column-parallel by whole heads, causal scaled-dot-product
- * attention of this rank's heads (each q head with the kv head of its group, replicated when tp > kv_heads)
- * by the attention core (src/attn), the output projection row-parallel over those heads, and one reduction
- * out (one gather in with sequence parallelism). */
+/* The tensor-parallel attention block: fused QKV column-parallel by whole heads, rotary embedding of q and k
+ * (src/attn/rope.h), causal scaled-dot-product attention of this rank's heads (each q head with the kv head of
+ * its group, replicated when tp > kv_heads) by the attention core (src/attn), the output projection
+ * row-parallel over those heads, and one reduction out (one gather in with sequence parallelism); and the KV
+ * cache of this rank's kv heads that a cached forward appends to and attends over. */
 #include <math.h>
 #include <stdlib.h>
 #include "attn/attn.h"
+#include "attn/rope.h"
 #include "comm/agree.h"
 #include "tp/tp_internal.h"
 
@@ -15,7 +17,15 @@ struct dtl_tp_attention {
   int64_t hidden, q_heads, kv_heads, head_dim, group;
   dtl_tp_range q, kv; /* this rank's heads */
   float scale;
+  bool rope;
+  float rope_theta;
   dtl__tp_proj qkv, out;
+};
+
+struct dtl_tp_kv_cache {
+  const dtl_tp_attention *attn;
+  int64_t max_tokens, length;
+  void *k, *v; /* [max_tokens, kv.count * head_dim] each, in the TP communicator's memory (one allocation) */
 };
 
 static dtl_placement dtl__tp_attn_p(const dtl_tp_attention *a) { return a->sp ? dtl_shard(0) : dtl_replicate(); }
@@ -25,7 +35,7 @@ static dtl_status dtl__tp_attention_build(dtl_tp_context *ctx, const dtl_tp_atte
                                           dtl_tp_attention **out) {
   static const char fn[] = "dtl_tp_attention_create";
   DTL_CHECK_ARG(p != NULL, fn, "params=NULL");
-  DTL_TRY(dtl__tp_check_bits(fn, "params", p->mask, DTL__BITS(DTL_TP_SCALE), p->flags,
+  DTL_TRY(dtl__tp_check_bits(fn, "params", p->mask, DTL__BITS(DTL_TP_SCALE, DTL_TP_ROPE), p->flags,
                              DTL__BITS(DTL_TP_SEQUENCE_PARALLEL, DTL_TP_SHARDED_WEIGHTS)));
   DTL_CHECK_ARG(p->hidden >= 1 && p->head_dim >= 1, fn, "hidden=%lld head_dim=%lld (expected >= 1)",
                 (long long)p->hidden, (long long)p->head_dim);
@@ -35,6 +45,12 @@ static dtl_status dtl__tp_attention_build(dtl_tp_context *ctx, const dtl_tp_atte
   DTL_CHECK_ARG(p->out != NULL, fn, "out=NULL (the [hidden, q_heads * head_dim] output weight is required)");
   DTL_CHECK_ARG(!(p->mask & DTL_TP_SCALE) || isfinite(p->scale), fn, "scale=%g (expected a finite number)",
                 (double)p->scale);
+  bool rope = (p->mask & DTL_TP_ROPE) != 0;
+  DTL_CHECK_ARG(!rope || (isfinite(p->rope_theta) && p->rope_theta > 0.0f), fn,
+                "rope_theta=%g (expected a finite number > 0)", (double)p->rope_theta);
+  DTL_CHECK_ARG(!rope || p->head_dim % 2 == 0, fn,
+                "head_dim=%lld with DTL_TP_ROPE (expected even: RoPE turns pairs of elements i, i + head_dim/2)",
+                (long long)p->head_dim);
   DTL_TRY(dtl__tp_check_compute(ctx, fn));
   size_t n;
   DTL_TRY(dtl__tp_count(fn, "qkv", (p->q_heads + 2 * p->kv_heads) * p->head_dim, p->hidden, &n));
@@ -50,6 +66,8 @@ static dtl_status dtl__tp_attention_build(dtl_tp_context *ctx, const dtl_tp_atte
   a->q = q;
   a->kv = kv;
   a->scale = (p->mask & DTL_TP_SCALE) ? p->scale : 1.0f / sqrtf((float)p->head_dim);
+  a->rope = rope;
+  a->rope_theta = rope ? p->rope_theta : 0.0f;
   int64_t D = p->head_dim;
   dtl__tp_rows rows[3] = {{0, 0}, {0, 0}, {0, 0}};
   dtl_status st;
@@ -74,8 +92,10 @@ dtl_status dtl_tp_attention_create(dtl_tp_context *ctx, const dtl_tp_attention_p
   uint64_t fp = 0;
   if (st == DTL_OK) {
     fp = dtl__tp_fp(ctx, fn, p->hidden, p->q_heads, p->kv_heads, p->head_dim);
-    fp = dtl__fp_double(dtl__fp_mix(fp, (uint64_t)(p->flags & 1) << 2 | (p->qkv_bias != NULL) << 1 | (p->out_bias != NULL)),
+    fp = dtl__fp_double(dtl__fp_mix(fp, (uint64_t)a->rope << 3 | (uint64_t)(p->flags & 1) << 2 |
+                                             (p->qkv_bias != NULL) << 1 | (p->out_bias != NULL)),
                         (double)a->scale);
+    fp = dtl__fp_double(fp, (double)a->rope_theta);
   }
   st = dtl__agree(ctx->comm, fn, fp, st);
   if (st != DTL_OK) {
@@ -92,29 +112,64 @@ dtl_status dtl_tp_attention_layouts(const dtl_tp_attention *a, int64_t tokens, d
                          dtl__tp_attn_p(a), in, out);
 }
 
-/* The attention core's view of this rank's heads over tokens 0..T-1 of qkv [T, width] (q heads, then k
- * heads, then v heads of each token), and the scratch bytes (DTL__TP_WS_AUX) it takes. */
-static dtl__attn_shape dtl__tp_attn_shape_of(const dtl_tp_attention *a, int64_t T) {
-  int64_t D = a->head_dim, qn = a->q.count, W = a->qkv.rows;
-  return (dtl__attn_shape){.tq = T, .tk = T, .qn = qn, .kn = a->kv.count, .head_dim = D, .q_off = a->q.offset,
-                           .kv_off = a->kv.offset, .group = a->group, .ldq = W, .ldk = W, .ldv = W, .ldo = qn * D,
-                           .causal = true, .scale = a->scale};
+/* The attention core's view of one forward: the T queries of qkv [T, width] (q heads, then k heads, then v
+ * heads of each token) at positions past..past+T-1, against keys 0..past+T-1: those of qkv itself without a
+ * cache (past = 0), the cache's rows [max_tokens, kv.count * D] with one. */
+static dtl__attn_shape dtl__tp_attn_shape_of(const dtl_tp_attention *a, int64_t T, const dtl_tp_kv_cache *c) {
+  int64_t D = a->head_dim, qn = a->q.count, W = a->qkv.rows, past = c ? c->length : 0, ldkv = c ? a->kv.count * D : W;
+  return (dtl__attn_shape){.tq = T, .tk = past + T, .qn = qn, .kn = a->kv.count, .head_dim = D, .q_off = a->q.offset,
+                           .kv_off = a->kv.offset, .group = a->group, .ldq = W, .ldk = ldkv, .ldv = ldkv,
+                           .ldo = qn * D, .q_pos0 = past, .causal = true, .scale = a->scale};
 }
 
-static size_t dtl__tp_attend_bytes(const dtl_tp_attention *a, int64_t T) {
-  dtl__attn_shape s = dtl__tp_attn_shape_of(a, T);
+/* The scratch bytes (DTL__TP_WS_AUX) the attention core takes for that view; with a cache, for the keys of a
+ * full cache: the most any call of T tokens may need, so that the context's scratch stops growing after the
+ * first decode step instead of growing with every token (the core tiles by the scratch it is given). */
+static size_t dtl__tp_attend_bytes(const dtl_tp_attention *a, int64_t T, const dtl_tp_kv_cache *c) {
+  dtl__attn_shape s = dtl__tp_attn_shape_of(a, T, c);
   if (T == 0 || s.qn == 0) return 0;
+  if (c) s.tk = c->max_tokens;
   return dtl__attn_scratch_bytes(&s, dtl__tp_on_device(a->ctx) ? DTL_MEMORY_DEVICE : DTL_MEMORY_HOST);
 }
 
-/* attn[T, q.count * D] of this rank's q heads from qkv [T, width], on the host or the device: causal
- * self-attention of tokens 0..T-1. */
-static dtl_status dtl__tp_attend(dtl_tp_attention *a, const void *qkv, int64_t T, void *attn) {
+/* RoPE on this rank's q and k heads of qkv [T, width] (side by side from column 0) at positions past.. */
+static dtl_status dtl__tp_rope(dtl_tp_attention *a, void *qkv, int64_t T, int64_t past) {
+  if (!a->rope || T == 0 || a->q.count + a->kv.count == 0) return DTL_OK;
+  dtl__rope_shape s = {.rows = T, .heads = a->q.count + a->kv.count, .head_dim = a->head_dim, .ld = a->qkv.rows,
+                       .pos0 = past, .theta = a->rope_theta};
+#if DTL_HAVE_NCCL
+  if (dtl__tp_on_device(a->ctx)) return dtl__rope_cuda(&s, qkv, a->ctx->dtype, a->ctx->gemm.stream);
+#endif
+  return dtl__rope_host(&s, (float *)qkv);
+}
+
+/* The k and v heads of qkv [T, width] into the cache's rows length..length+T-1 (a box copy in the
+ * communicator's memory: host, or device on its stream). */
+static dtl_status dtl__tp_kv_append(dtl_tp_attention *a, dtl_tp_kv_cache *c, const void *qkv, int64_t T) {
+  int64_t kvw = a->kv.count * a->head_dim, qw = a->q.count * a->head_dim;
+  if (T == 0 || kvw == 0) return DTL_OK;
+  dtl__box_copy b = {.ndim = 2, .elem_size = a->ctx->elem};
+  b.extent[0] = b.src_shape[0] = T;
+  b.extent[1] = b.dst_shape[1] = kvw;
+  b.src_shape[1] = a->qkv.rows;
+  b.dst_shape[0] = c->max_tokens;
+  b.dst_off[0] = c->length;
+  b.src_off[1] = qw;
+  DTL_TRY(dtl__mem_copy_box(&a->ctx->comm->mem, qkv, c->k, &b));
+  b.src_off[1] = qw + kvw;
+  return dtl__mem_copy_box(&a->ctx->comm->mem, qkv, c->v, &b);
+}
+
+/* attn[T, q.count * D] of this rank's q heads from qkv [T, width] and, with a cache, its rows: on the host or
+ * the device. */
+static dtl_status dtl__tp_attend(dtl_tp_attention *a, const void *qkv, int64_t T, const dtl_tp_kv_cache *c,
+                                 void *attn) {
   dtl_tp_context *ctx = a->ctx;
-  dtl__attn_shape s = dtl__tp_attn_shape_of(a, T);
+  dtl__attn_shape s = dtl__tp_attn_shape_of(a, T, c);
   if (T == 0 || s.qn == 0) return DTL_OK;
-  size_t e = ctx->elem, bytes = dtl__tp_attend_bytes(a, T);
+  size_t e = ctx->elem, bytes = dtl__tp_attend_bytes(a, T, c);
   const char *k = (const char *)qkv + (size_t)(s.qn * s.head_dim) * e, *v = k + (size_t)(s.kn * s.head_dim) * e;
+  if (c) k = c->k, v = c->v;
   void *scratch;
   DTL_TRY(dtl__tp_scratch(ctx, DTL__TP_WS_AUX, bytes, &scratch));
 #if DTL_HAVE_NCCL
@@ -124,30 +179,116 @@ static dtl_status dtl__tp_attend(dtl_tp_attention *a, const void *qkv, int64_t T
   return dtl__attn_host(&ctx->gemm, &s, qkv, (const float *)k, (const float *)v, attn, NULL, scratch, bytes);
 }
 
-dtl_status dtl_tp_attention_forward(dtl_tp_attention *a, const dtl_layout *x_layout, const void *x, void *y) {
-  static const char fn[] = "dtl_tp_attention_forward";
-  DTL_CHECK_ARG(a != NULL, fn, "block=NULL");
+/* The cache checks of a cached forward of T tokens (before the agreement, so that an overflow fails every
+ * rank alike and writes nothing). */
+static dtl_status dtl__tp_cache_check(const dtl_tp_attention *a, const dtl_tp_kv_cache *c, const char *fn, int64_t T) {
+  DTL_CHECK_ARG(c != NULL, fn, "cache=NULL");
+  DTL_CHECK_ARG(c->attn == a, fn, "cache=%p belongs to another attention block than block=%p", (const void *)c,
+                (const void *)a);
+  DTL_CHECK_ARG(T <= c->max_tokens - c->length, fn,
+                "tokens=%lld at cache length %lld exceed max_tokens=%lld (reset the cache or make a larger one)",
+                (long long)T, (long long)c->length, (long long)c->max_tokens);
+  return DTL_OK;
+}
+
+/* One forward of the block: uncached (the T tokens alone, at positions 0..T-1; cache is NULL) or cached. */
+static dtl_status dtl__tp_attention_run(dtl_tp_attention *a, bool cached, dtl_tp_kv_cache *cache, const char *fn,
+                                        const dtl_layout *x_layout, const void *x, void *y) {
   dtl_tp_context *ctx = a->ctx;
   size_t e = ctx->elem, aux_bytes = 0;
-  int64_t T = 0, width = a->qkv.rows, attn_w = a->out.cols;
+  int64_t T = 0, width = a->qkv.rows, attn_w = a->out.cols, past = 0;
   void *qkv = NULL, *attn = NULL, *partial = NULL, *aux;
   dtl_status st = dtl__tp_input_check(ctx, fn, x_layout, a->hidden, dtl__tp_attn_p(a), x, &T);
   if (st == DTL_OK && !y && dtl_layout_local_count(x_layout))
     st = dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "y=NULL with %zu elements", dtl_layout_local_count(x_layout));
+  if (st == DTL_OK && cached) {
+    st = dtl__tp_cache_check(a, cache, fn, T);
+    past = st == DTL_OK ? cache->length : 0;
+  }
   if (st == DTL_OK) st = dtl__tp_scratch(ctx, DTL__TP_WS_MID, (size_t)(T * width) * e, &qkv);
   if (st == DTL_OK) st = dtl__tp_scratch(ctx, DTL__TP_WS_ATTN, (size_t)(T * attn_w) * e, &attn);
   if (st == DTL_OK) st = dtl__tp_scratch(ctx, DTL__TP_WS_PARTIAL, (size_t)(T * a->hidden) * e, &partial);
-  if (st == DTL_OK && (aux_bytes = dtl__tp_attend_bytes(a, T))) st = dtl__tp_scratch(ctx, DTL__TP_WS_AUX, aux_bytes, &aux);
+  if (st == DTL_OK && (aux_bytes = dtl__tp_attend_bytes(a, T, cache)))
+    st = dtl__tp_scratch(ctx, DTL__TP_WS_AUX, aux_bytes, &aux);
   DTL_TRY(dtl__agree_checked(ctx->comm, fn,
-                             dtl__tp_fp(ctx, fn, a->hidden, a->q_heads << 20 | a->kv_heads, a->head_dim, T << 1 | a->sp),
+                             dtl__fp_mix(dtl__tp_fp(ctx, fn, a->hidden, a->q_heads << 20 | a->kv_heads, a->head_dim,
+                                                    T << 1 | a->sp),
+                                         (uint64_t)past),
                              st));
 
   const void *xin;
   DTL_TRY(dtl__tp_input(ctx, a->hidden, dtl__tp_attn_p(a), x, T, &xin));
   DTL_TRY(dtl__tp_proj_apply(ctx, &a->qkv, true, T, xin, a->hidden, qkv, width));
-  DTL_TRY(dtl__tp_attend(a, qkv, T, attn));
+  DTL_TRY(dtl__tp_rope(a, qkv, T, past));
+  if (cache) DTL_TRY(dtl__tp_kv_append(a, cache, qkv, T));
+  DTL_TRY(dtl__tp_attend(a, qkv, T, cache, attn));
   DTL_TRY(dtl__tp_proj_apply(ctx, &a->out, false, T, attn, attn_w, partial, a->hidden));
-  return dtl__tp_reduce(ctx, T, a->hidden, a->sp, partial, a->out.bias, y);
+  DTL_TRY(dtl__tp_reduce(ctx, T, a->hidden, a->sp, partial, a->out.bias, y));
+  if (cache) cache->length = past + T;
+  return DTL_OK;
+}
+
+dtl_status dtl_tp_attention_forward(dtl_tp_attention *a, const dtl_layout *x_layout, const void *x, void *y) {
+  static const char fn[] = "dtl_tp_attention_forward";
+  DTL_CHECK_ARG(a != NULL, fn, "block=NULL");
+  return dtl__tp_attention_run(a, false, NULL, fn, x_layout, x, y);
+}
+
+dtl_status dtl_tp_attention_forward_cached(dtl_tp_attention *a, dtl_tp_kv_cache *cache, const dtl_layout *x_layout,
+                                           const void *x, void *y) {
+  static const char fn[] = "dtl_tp_attention_forward_cached";
+  DTL_CHECK_ARG(a != NULL, fn, "block=NULL");
+  return dtl__tp_attention_run(a, true, cache, fn, x_layout, x, y);
+}
+
+/* This rank's cache: the checks and the allocation of dtl_tp_kv_cache_create, before its agreement. */
+static dtl_status dtl__tp_kv_cache_build(const dtl_tp_attention *a, int64_t max_tokens, dtl_tp_kv_cache **out) {
+  static const char fn[] = "dtl_tp_kv_cache_create";
+  DTL_CHECK_ARG(out != NULL, fn, "out=NULL");
+  DTL_CHECK_ARG(max_tokens >= 1, fn, "max_tokens=%lld (expected >= 1)", (long long)max_tokens);
+  size_t n; /* elements of the keys (and of the values) */
+  DTL_TRY(dtl__tp_count(fn, "cache keys", max_tokens, a->kv.count * a->head_dim, &n));
+  dtl_tp_kv_cache *c = dtl__calloc(1, sizeof *c);
+  if (!c) return dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory");
+  dtl_status st = dtl__mem_alloc(&a->ctx->comm->mem, n ? 2 * n * a->ctx->elem : 1, &c->k);
+  if (st != DTL_OK) {
+    dtl__free(c);
+    return dtl__error_prefix(st, "%s: keys and values of %lld tokens", fn, (long long)max_tokens);
+  }
+  c->v = (char *)c->k + n * a->ctx->elem;
+  c->attn = a;
+  c->max_tokens = max_tokens;
+  *out = c;
+  return DTL_OK;
+}
+
+dtl_status dtl_tp_kv_cache_create(const dtl_tp_attention *a, int64_t max_tokens, dtl_tp_kv_cache **out) {
+  static const char fn[] = "dtl_tp_kv_cache_create";
+  DTL_CHECK_ARG(a != NULL, fn, "block=NULL");
+  dtl_tp_kv_cache *c = NULL;
+  dtl_status st = dtl__tp_kv_cache_build(a, max_tokens, out ? &c : NULL);
+  uint64_t fp = dtl__tp_fp(a->ctx, fn, max_tokens, a->hidden, a->q_heads << 20 | a->kv_heads, a->head_dim);
+  st = dtl__agree(a->ctx->comm, fn, st == DTL_OK ? fp : 0, st);
+  if (st != DTL_OK) {
+    dtl_tp_kv_cache_destroy(c);
+    return st;
+  }
+  *out = c;
+  return DTL_OK;
+}
+
+void dtl_tp_kv_cache_destroy(dtl_tp_kv_cache *c) {
+  if (!c) return;
+  dtl__mem_free(&c->attn->ctx->comm->mem, c->k);
+  dtl__free(c);
+}
+
+int64_t dtl_tp_kv_cache_length(const dtl_tp_kv_cache *c) { return c ? c->length : -1; }
+
+dtl_status dtl_tp_kv_cache_reset(dtl_tp_kv_cache *c) {
+  DTL_CHECK_ARG(c != NULL, "dtl_tp_kv_cache_reset", "cache=NULL");
+  c->length = 0;
+  return DTL_OK;
 }
 
 void dtl_tp_attention_destroy(dtl_tp_attention *a) {

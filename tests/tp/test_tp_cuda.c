@@ -3,7 +3,8 @@
  * path on an MPI context in the same process, in f32, f16 and bf16. The host path gets the device's inputs
  * rounded to the device's dtype, so only the device's own roundings and summation order differ:
  * - linear layers and the row-parallel reduction: integer data exact in every type, compared with ==;
- * - MLP (SiLU-gated and GELU) and attention (GQA, causal rows longer than a thread block) blocks, with and
+ * - MLP (SiLU-gated and GELU) and attention (GQA, causal rows longer than a thread block; RoPE with a KV cache
+ *   over prefill and decode steps, and its overflow) blocks, with and
  *   without biases and sequence parallelism: within tp_half.h's tolerance (f32: the host path's 1e-5);
  * - embedding: exact; an id outside the vocabulary is named and leaves the device output untouched;
  * - top-k/argmax (ties, NaN, a column-parallel LM head): the same indices and values as the host path.
@@ -184,6 +185,53 @@ static void attention_block_on_the_device_matches_the_host_path(void) {
     }
 }
 
+/* RoPE and the KV cache on the device: a prefill, decode steps and a 2-token step, each against the same
+ * call on the host path; then an overflow that leaves the device output and the cache as they were. */
+static void cached_attention_with_rope_on_the_device_matches_the_host_path(void) {
+  const int64_t H = 8, Hq = 8, Hkv = 2, Dh = 4, N = 9, W = (Hq + 2 * Hkv) * Dh, sched[] = {5, 1, 2, 1};
+  const size_t es = dtl_dtype_size(DT);
+  for (int sp = 0; sp < 2; sp++) {
+    float *x = reals(71, N * H, 1.0f), *wqkv = reals(72, W * H, 0.5f), *wo = reals(73, H * Hq * Dh, 0.5f);
+    float want[5 * 8], got[5 * 8];
+    dtl_tp_attention_params p = {.mask = DTL_TP_ROPE, .flags = sp ? DTL_TP_SEQUENCE_PARALLEL : 0, .hidden = H,
+                                 .q_heads = Hq, .kv_heads = Hkv, .head_dim = Dh, .qkv = wqkv, .out = wo,
+                                 .rope_theta = 10000.0f};
+    dtl_tp_attention *ah = NULL, *ad = NULL;
+    dtl_tp_kv_cache *ch = NULL, *cd = NULL;
+    CHECK_OK(dtl_tp_attention_create(E.ctx, &p, &ah));
+    p.qkv = up(wqkv, (size_t)(W * H)), p.out = up(wo, (size_t)(H * Hq * Dh));
+    CHECK_OK(dtl_tp_attention_create(D, &p, &ad));
+    CHECK_OK(dtl_tp_kv_cache_create(ah, N, &ch));
+    CHECK_OK(dtl_tp_kv_cache_create(ad, N, &cd));
+    char *dx = up(x, (size_t)(N * H));
+    void *dy = dev_alloc(5 * 8);
+    for (int64_t i = 0, s0 = 0; i < 4; s0 += sched[i], i++) {
+      int64_t T = sched[i];
+      dtl_layout *lh = NULL, *ld = NULL;
+      CHECK_OK(dtl_tp_attention_layouts(ah, T, &lh, NULL));
+      CHECK_OK(dtl_tp_attention_layouts(ad, T, &ld, NULL));
+      CHECK_OK(dtl_tp_attention_forward_cached(ah, ch, lh, x + s0 * H, want));
+      CHECK_OK(dtl_tp_attention_forward_cached(ad, cd, ld, dx + (size_t)(s0 * H) * es, dy));
+      down(dy, got, (size_t)(T * H));
+      compare(want, got, (size_t)(T * H), "cached sp=%d tokens %d..%d", sp, (int)s0, (int)(s0 + T - 1));
+      dtl_layout_destroy(lh), dtl_layout_destroy(ld);
+    }
+    CHECK(dtl_tp_kv_cache_length(cd) == N, "device cache length %lld", (long long)dtl_tp_kv_cache_length(cd));
+    float sentinel[8] = {7, 7, 7, 7, 7, 7, 7, 7};
+    void *ds = up(sentinel, 8);
+    dtl_layout *one = NULL;
+    CHECK_OK(dtl_tp_attention_layouts(ad, 1, &one, NULL));
+    CHECK_ERROR(dtl_tp_attention_forward_cached(ad, cd, one, dx, ds), DTL_ERR_INVALID_ARGUMENT, "max_tokens=9");
+    down(ds, got, 8);
+    for (int i = 0; i < 8; i++) CHECK(got[i] == 7.0f, "y[%d]=%g written by an overflowing call", i, got[i]);
+    dtl_layout_destroy(one);
+    dtl_tp_kv_cache_destroy(ch), dtl_tp_kv_cache_destroy(cd);
+    dtl_tp_attention_destroy(ah), dtl_tp_attention_destroy(ad);
+    release(dx), release(dy), release(ds), release((void *)p.qkv), release((void *)p.out);
+    free(x), free(wqkv), free(wo);
+  }
+}
+
 /* ---------------------------------------------------------------------------------------------------- */
 static void embedding_on_the_device_is_exact_and_names_ids_outside_the_vocabulary(void) {
   const int64_t V = 11, H = 6, T = 9, ids[9] = {0, 10, 5, 5, 3, 7, 1, 9, 2};
@@ -298,6 +346,7 @@ int main(int argc, char **argv) {
   } cases[] = {DEVICE_CASE(linear_layers_and_the_row_reduction_equal_the_host_exactly),
                DEVICE_CASE(mlp_block_on_the_device_matches_the_host_path),
                DEVICE_CASE(attention_block_on_the_device_matches_the_host_path),
+               DEVICE_CASE(cached_attention_with_rope_on_the_device_matches_the_host_path),
                DEVICE_CASE(embedding_on_the_device_is_exact_and_names_ids_outside_the_vocabulary),
                DEVICE_CASE(topk_and_argmax_on_the_device_equal_the_host_path),
                DEVICE_CASE(lm_head_then_argmax_on_the_device_equals_the_host_path)};

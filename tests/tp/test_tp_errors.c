@@ -178,7 +178,7 @@ static void unknown_or_misplaced_mask_and_flags_bits_are_rejected_naming_the_fie
   dtl_tp_attention_params ap = {.mask = DTL_TP_SEQUENCE_PARALLEL | DTL_TP_SCALE, .hidden = 2, .q_heads = E.tp,
                                 .kv_heads = E.tp, .head_dim = 1, .qkv = w, .out = w, .scale = 1};
   CHECK_ERROR(dtl_tp_attention_create(E.ctx, &ap, &a), DTL_ERR_INVALID_ARGUMENT,
-              "dtl_tp_attention_create: params.mask=0x5 has unknown bits 0x1 (known: DTL_TP_SCALE)");
+              "dtl_tp_attention_create: params.mask=0x5 has unknown bits 0x1 (known: DTL_TP_SCALE, DTL_TP_ROPE)");
   ap.mask = DTL_TP_SCALE;
   ap.flags = DTL_TP_SCALE;
   CHECK_ERROR(dtl_tp_attention_create(E.ctx, &ap, &a), DTL_ERR_INVALID_ARGUMENT,

@@ -17,6 +17,7 @@
 #include <string.h>
 #include <cmocka.h>
 #include "attn/attn.h"
+#include "attn/rope.h"
 #include "tp/stages.h"
 #include "tp/tp_math.h"
 #include "tp_half.h"
@@ -179,9 +180,11 @@ static void mlp_in(dtl_dtype t, int gated, int64_t T, int64_t H, int64_t F, cons
   free(h), free(a), free(hp);
 }
 
-/* The attention block with t storage (t = f32 gives the host path up to summation order). */
+/* The attention block with t storage (t = f32 gives the host path up to summation order), with RoPE on q and
+ * k when theta > 0. */
 static void attention_in(dtl_dtype t, int64_t T, int64_t H, int64_t Hq, int64_t Hkv, int64_t Dh, float scale,
-                         const float *x, const float *wqkv, const float *bqkv, const float *wo, const float *bo, float *y) {
+                         float theta, const float *x, const float *wqkv, const float *bqkv, const float *wo,
+                         const float *bo, float *y) {
   int64_t W = (Hq + 2 * Hkv) * Dh, A = Hq * Dh;
   dtl__attn_shape s = {.tq = T, .tk = T, .qn = Hq, .kn = Hkv, .head_dim = Dh, .group = Hq / Hkv, .ldq = W, .ldk = W,
                        .ldv = W, .ldo = A, .causal = true, .scale = scale};
@@ -191,6 +194,8 @@ static void attention_in(dtl_dtype t, int64_t T, int64_t H, int64_t Hq, int64_t 
   gemm_rounded(T, W, H, x, wqkv, bqkv, qkv, t);
   void *qp = t_pack(qkv, (size_t)(T * W), t), *op = malloc((size_t)(T * A) * dtl_dtype_size(t));
   size_t es = dtl_dtype_size(t);
+  dtl__rope_shape rs = {.rows = T, .heads = Hq + Hkv, .head_dim = Dh, .ld = W, .theta = theta};
+  if (theta > 0) assert_int_equal(dtl__rope_emulate(&rs, qp, t), DTL_OK);
   const char *kp = (const char *)qp + (size_t)(Hq * Dh) * es, *vp = kp + (size_t)(Hkv * Dh) * es;
   assert_int_equal(dtl__attn_emulate(&s, qp, kp, vp, op, NULL, scores, sb, t), DTL_OK);
   for (int64_t i = 0; i < T * A; i++) o[i] = t_load(op, (size_t)i, t);
@@ -218,8 +223,9 @@ static void rounded_half_blocks_stay_within_the_device_test_tolerance(void **sta
         used = fmax(used, share_of_tolerance(y32, yt, (size_t)(T * H), t));
         free(x), free(gu), free(gub), free(dn), free(dnb), free(y32), free(yt);
       }
-    /* test_tp_cuda.c's attention: hidden 8, its (q heads, kv heads, head_dim, tokens), with biases. */
-    const int64_t cfg[][4] = {{4, 4, 3, 5}, {8, 2, 2, 7}, {12, 1, 2, 5}, {6, 3, 4, 7}, {4, 2, 8, 200}};
+    /* test_tp_cuda.c's attention: hidden 8, its (q heads, kv heads, head_dim, tokens), with biases; the last
+     * is its cached block with RoPE (the cache holds keys and values in t, as the uncached block's QKV). */
+    const int64_t cfg[][4] = {{4, 4, 3, 5}, {8, 2, 2, 7}, {12, 1, 2, 5}, {6, 3, 4, 7}, {4, 2, 8, 200}, {8, 2, 4, 9}};
     const int64_t HA = 8;
     for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
       int64_t Hq = cfg[c][0], Hkv = cfg[c][1], Dh = cfg[c][2], T = cfg[c][3], W = (Hq + 2 * Hkv) * Dh;
@@ -228,8 +234,9 @@ static void rounded_half_blocks_stay_within_the_device_test_tolerance(void **sta
       float *bq = t_rand_reals((size_t)W, 0.5f, t);
       float *wo = t_rand_reals((size_t)(HA * Hq * Dh), 0.5f, t), *bo = t_rand_reals((size_t)HA, 0.5f, t);
       float *y32 = malloc(sizeof(float) * (size_t)(T * HA)), *yt = malloc(sizeof(float) * (size_t)(T * HA));
-      attention_in(DTL_FLOAT32, T, HA, Hq, Hkv, Dh, scale, x, wq, bq, wo, bo, y32);
-      attention_in(t, T, HA, Hq, Hkv, Dh, scale, x, wq, bq, wo, bo, yt);
+      float theta = c == 5 ? 10000.0f : 0.0f;
+      attention_in(DTL_FLOAT32, T, HA, Hq, Hkv, Dh, scale, theta, x, wq, bq, wo, bo, y32);
+      attention_in(t, T, HA, Hq, Hkv, Dh, scale, theta, x, wq, bq, wo, bo, yt);
       used = fmax(used, share_of_tolerance(y32, yt, (size_t)(T * HA), t));
       free(x), free(wq), free(bq), free(wo), free(bo), free(y32), free(yt);
     }

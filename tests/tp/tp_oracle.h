@@ -73,13 +73,27 @@ static inline void t_mlp(int64_t T, int64_t H, int64_t F, int gated, const float
   free(a);
 }
 
-/* Dense causal GQA attention: qkv = x Wqkv^T + b, per q head h softmax(scale q k^T) v with kv head h / g. */
-static inline void t_attention(int64_t T, int64_t H, int64_t Hq, int64_t Hkv, int64_t D, float scale, const float *x,
-                        const float *wqkv, const float *bqkv, const float *wo, const float *bo, double *y) {
+/* Rotary embedding of one head x [D] at position p in double, written from its definition: pair
+ * (x[j], x[j + D/2]) turned by the angle p / theta^(2j/D) (the neox "rotate half" layout). */
+static inline void t_rope(double *x, int64_t D, int64_t p, double theta) {
+  for (int64_t j = 0; j < D / 2; j++) {
+    double ang = (double)p / pow(theta, (double)(2 * j) / (double)D), a = x[j], b = x[j + D / 2];
+    x[j] = a * cos(ang) - b * sin(ang);
+    x[j + D / 2] = b * cos(ang) + a * sin(ang);
+  }
+}
+
+/* Dense causal GQA attention: qkv = x Wqkv^T + b, every q and k head turned by t_rope at its token's position
+ * when theta > 0, per q head h softmax(scale q k^T) v with kv head h / g. */
+static inline void t_attention_rope(int64_t T, int64_t H, int64_t Hq, int64_t Hkv, int64_t D, float scale, double theta,
+                                    const float *x, const float *wqkv, const float *bqkv, const float *wo,
+                                    const float *bo, double *y) {
   int64_t W = (Hq + 2 * Hkv) * D, g = Hq / Hkv;
   double *qkv = malloc(sizeof(double) * (size_t)(T * W + 1)), *o = malloc(sizeof(double) * (size_t)(T * Hq * D + 1));
   double *p = malloc(sizeof(double) * (size_t)(T + 1));
   t_linear(T, H, W, x, wqkv, bqkv, qkv);
+  for (int64_t t = 0; t < T && theta > 0; t++)
+    for (int64_t h = 0; h < Hq + Hkv; h++) t_rope(qkv + t * W + h * D, D, t, theta);
   for (int64_t h = 0; h < Hq; h++) {
     int64_t kh = h / g;
     for (int64_t i = 0; i < T; i++) {
@@ -102,6 +116,10 @@ static inline void t_attention(int64_t T, int64_t H, int64_t Hq, int64_t Hkv, in
   free(qkv);
   free(o);
   free(p);
+}
+static inline void t_attention(int64_t T, int64_t H, int64_t Hq, int64_t Hkv, int64_t D, float scale, const float *x,
+                               const float *wqkv, const float *bqkv, const float *wo, const float *bo, double *y) {
+  t_attention_rope(T, H, Hq, Hkv, D, scale, 0.0, x, wqkv, bqkv, wo, bo, y);
 }
 
 /* The local block [rows r0.., cols c0..] of a dense [*, ld] double array vs got [rows, cols]: max error. */

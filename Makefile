@@ -45,7 +45,7 @@ demo:
 	@$(SUBMAKE) setup
 	@$(SUBMAKE) build
 	DTL_CHECK=1 $(MPIRUN) -n $(NP) $(BUILD)/examples/collectives
-	@for ex in quickstart tp_transformer moe context_parallel generate; do \
+	@for ex in quickstart tp_transformer moe context_parallel generate pipeline kv_transfer; do \
 	  if [ -x $(BUILD)/examples/$$ex ]; then echo "== $$ex on $(NP) ranks"; \
 	    DTL_CHECK=1 $(MPIRUN) -n $(NP) $(BUILD)/examples/$$ex || exit 1; fi; done
 
@@ -103,6 +103,7 @@ test-mpich:
 bench: build
 	for np in 2 4; do $(MPIRUN) -n $$np $(BUILD)/bench/dtl_coll_perf -b 1K -e 64M -f 4 || exit 1; done
 	for np in 2 4; do $(MPIRUN) -n $$np $(BUILD)/bench/dtl_redistribute_perf -b 1K -e 64M -f 4 || exit 1; done
+	$(MPIRUN) -n 4 $(BUILD)/bench/dtl_exchange_perf -b 1M -e 64M -f 4
 	$(BUILD)/bench/dtl_plan_perf
 	for np in 1 2; do $(MPIRUN) -n $$np $(BUILD)/bench/dtl_tp_perf || exit 1; done
 	for np in 2 4; do $(MPIRUN) -n $$np $(BUILD)/bench/dtl_moe_perf -b 64 -e 2K -f 2 || exit 1; done

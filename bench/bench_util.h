@@ -7,6 +7,7 @@
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <dtl.h>
 
 /* "1K" -> 1024, "64M", "1G", plain numbers; anything else ends the run with a message naming the text. */
@@ -46,6 +47,24 @@ static inline float *bench_uniform(uint64_t seed, size_t n, float scale) {
     p[i] = scale * (2.0f * (float)(s >> 40) / 16777216.0f - 1.0f);
   }
   return p;
+}
+
+/* A field of /proc/self/status in bytes ("VmHWM", "VmRSS"); -1024 when it cannot be read. */
+static inline long long bench_status_bytes(const char *field) {
+  FILE *fp = fopen("/proc/self/status", "r");
+  char line[256];
+  long long kb = -1;
+  size_t n = strlen(field);
+  while (fp && fgets(line, sizeof line, fp))
+    if (!strncmp(line, field, n) && line[n] == ':') kb = atoll(line + n + 1);
+  if (fp) fclose(fp);
+  return kb * 1024;
+}
+
+/* Resets VmHWM to the current VmRSS (Linux >= 4.0), so that a later VmHWM is the peak since. */
+static inline void bench_reset_peak(void) {
+  FILE *fp = fopen("/proc/self/clear_refs", "w");
+  if (fp) fputs("5", fp), fclose(fp);
 }
 
 static inline void bench_check(dtl_status s, const char *file, int line, const char *call) {

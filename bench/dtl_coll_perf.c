@@ -11,7 +11,9 @@
  * median over iterations of the ratio of the two back-to-back runs of one iteration, so that load which
  * comes and goes on a shared machine slows both sides of a ratio alike. size is the bytes of the larger buffer per rank (nccl-tests: the gathered
  * output, the reduce-scatter input), count its elements; busbw = algbw x (2(p-1)/p all-reduce, (p-1)/p
- * all-gather, reduce-scatter, all-to-all, gather, scatter; 1 broadcast, reduce). */
+ * all-gather, reduce-scatter, all-to-all, gather, scatter; 1 broadcast, reduce). The last column names the
+ * algorithm dtl ran (dtl_comm_mpi_last_algorithm: the MPI call, or one of dtl's own; README, "Collective
+ * algorithms"); DTL_ALGO=coll:algo,... forces one. */
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -301,15 +303,18 @@ static void bench(coll k, void *s, void *r, double *t_dtl, double *t_raw, double
     size_t size = count * es;
     double algbw = (double)size / td / 1e9;
     if (raw && size >= (1u << 20) && ratio > worst_ratio[k]) worst_ratio[k] = ratio;
+    /* what dtl ran: broadcast, gather and scatter have no choice */
+    const char *algo = k == BCAST || k == GATHER || k == SCATTER ? "mpi" : strchr(dtl_comm_mpi_last_algorithm(comm), ':');
+    algo = algo ? (algo[0] == ':' ? algo + 1 : algo) : "?";
     if (rank == 0) {
       char rawtxt[64] = "        -       -", wrongtxt[24] = "N/A";
       if (raw) snprintf(rawtxt, sizeof rawtxt, "%9.1f %7.3f", tr * 1e6, ratio);
       if (opt.check) snprintf(wrongtxt, sizeof wrongtxt, "%ld", wrong);
       bool reduces = k == REDUCE || k == ALL_REDUCE || k == REDUCE_SCATTER;
       bool rooted = k == BCAST || k == REDUCE || k == GATHER || k == SCATTER;
-      printf("%14s %12zu %11zu %5s %5s %4d %10.1f %7.3f %7.3f %7s %s\n", coll_names[k], size, count,
+      printf("%14s %12zu %11zu %5s %5s %4d %10.1f %7.3f %7.3f %7s %s  %s\n", coll_names[k], size, count,
              dtl_dtype_name(opt.t), reduces ? dtl_reduce_op_name(opt.op) : "none", rooted ? opt.root : -1, td * 1e6,
-             algbw, algbw * bus_factor(k), wrongtxt, rawtxt);
+             algbw, algbw * bus_factor(k), wrongtxt, rawtxt, algo);
       fflush(stdout);
     }
   }
@@ -338,8 +343,8 @@ int main(int argc, char **argv) {
     printf("# time: %s over iterations of the slowest rank's time; raw: the same MPI call on dtl's communicator;\n"
            "# dtl/raw: median over iterations of the ratio of the back-to-back dtl and raw runs\n",
            opt.use_median ? "median" : "minimum");
-    printf("#%13s %12s %11s %5s %5s %4s %10s %7s %7s %7s %9s %7s\n", "coll", "size", "count", "type", "redop", "root",
-           "time(us)", "algbw", "busbw", "#wrong", "raw(us)", "dtl/raw");
+    printf("#%13s %12s %11s %5s %5s %4s %10s %7s %7s %7s %9s %7s  %s\n", "coll", "size", "count", "type", "redop",
+           "root", "time(us)", "algbw", "busbw", "#wrong", "raw(us)", "dtl/raw", "algorithm");
     printf("#%13s %12s %11s %5s %5s %4s %10s %7s %7s %7s %9s %7s\n", "", "(B)", "(elements)", "", "", "", "", "(GB/s)",
            "(GB/s)", "", "", "");
   }

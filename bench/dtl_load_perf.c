@@ -24,22 +24,6 @@ static double now(void) {
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
-/* A field of /proc/self/status in bytes ("VmHWM", "VmRSS"). */
-static long long status_bytes(const char *field) {
-  FILE *fp = fopen("/proc/self/status", "r");
-  char line[256];
-  long long kb = -1;
-  size_t n = strlen(field);
-  while (fp && fgets(line, sizeof line, fp))
-    if (!strncmp(line, field, n) && line[n] == ':') kb = atoll(line + n + 1);
-  if (fp) fclose(fp);
-  return kb * 1024;
-}
-/* Resets VmHWM to the current VmRSS (Linux >= 4.0). */
-static void reset_peak(void) {
-  FILE *fp = fopen("/proc/self/clear_refs", "w");
-  if (fp) fputs("5", fp), fclose(fp);
-}
 static float value(int t, int64_t r, int64_t c) { return (float)((r * COLS + c + 7919 * t) % 65521); }
 
 int main(int argc, char **argv) {
@@ -120,8 +104,8 @@ int main(int argc, char **argv) {
       double touch = now() - t1;
       MPI_Allreduce(&touch, &touches[k], 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
       malloc_trim(0);
-      reset_peak();
-      long long before = status_bytes("VmRSS");
+      bench_reset_peak();
+      long long before = bench_status_bytes("VmRSS");
       double t0 = now();
       dtl_safetensors *f;
       BENCH_TRY(dtl_safetensors_open(path, &f));
@@ -134,7 +118,7 @@ int main(int argc, char **argv) {
       }
       dtl_safetensors_close(f);
       double mine = now() - t0;
-      long long g = status_bytes("VmHWM") - before;
+      long long g = bench_status_bytes("VmHWM") - before;
       if (g > growth) growth = g;
       MPI_Allreduce(&mine, &times[k], 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
       for (int t = 0; t < ntensors; t++) {

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <dtl.h>
+#include <dtl/mpi.h>
 #include "common/quote.h"
 #include "dtl_tool.h"
 
@@ -274,6 +275,10 @@ static int cmd_info(int argc, char **argv) {
   print_env("DTL_CHECK", "1: every collective call (collectives, plans, TP, MoE) first agrees across its ranks on "
                          "the call and each rank's arguments (an error on every rank instead of a hang or wrong "
                          "data); read when a communicator is made");
+  print_env("DTL_ALGO", "force MPI collective algorithms, e.g. all_reduce:rs_ag,all_gather:ring (auto: the table's "
+                        "choice); read when a communicator is made");
+  print_env("DTL_ALGO_TABLE", "file replacing the MPI algorithm table below (same format); read when a communicator "
+                              "is made");
   print_env("DTL_PLAN_TUNE", "override the planner's cost model, e.g. alpha=2e-6,beta=2e-10,local_beta=1e-10");
   /* Whether DTL_PLAN_TUNE parses: plan something trivial with it. */
   if (getenv("DTL_PLAN_TUNE")) {
@@ -288,6 +293,18 @@ static int cmd_info(int argc, char **argv) {
     dtl_layout_destroy(l);
     dtl_mesh_destroy(m);
   }
+  /* The MPI transport's algorithm table, as a communicator made now would use it. */
+  size_t len = 0;
+  dtl_status st = dtl_mpi_algorithm_table(NULL, 0, &len);
+  char *table = st == DTL_OK ? malloc(len + 1) : NULL;
+  if (table) st = dtl_mpi_algorithm_table(table, len + 1, &len);
+  if (st != DTL_OK) {
+    fprintf(out, "  warning: the MPI algorithm settings are invalid, communicators will fail: %s\n", dtl_last_error());
+  } else if (table) {
+    fprintf(out, "MPI collective algorithms (class exact: floating sum/prod/avg over 3+ ranks, reduced in rank order by "
+            "dtl's algorithms only):\n%s", table);
+  }
+  free(table);
   return 0;
 }
 

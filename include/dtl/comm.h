@@ -77,9 +77,10 @@ DTL_API dtl_status dtl_barrier(dtl_comm *c);
  * any communication; a check that only some ranks fail (a root-only buffer, say) fails every rank under
  * DTL_CHECK and otherwise leaves the other ranks waiting in the engine. Limits of one engine are checked
  * when the call reaches it, after any agreement: MPI takes at most INT_MAX elements per count and
- * displacement, which fails every rank alike (DTL_ERR_UNSUPPORTED, before communicating) for a count that
- * all ranks pass, but in dtl_all_to_allv(_async), whose counts differ by rank, fails alone the rank whose own
- * packed send or receive extent exceeds INT_MAX, even under DTL_CHECK; NCCL rejects an in-place all-to-all
+ * displacement, so the MPI transport moves larger counts and displacements in pieces (every collective and
+ * point-to-point call; the decision comes from what every rank of the call knows alike), except
+ * dtl_all_to_allv(_async) with DTL_ALGO=all_to_allv:mpi, whose counts differ by rank: it fails alone the rank
+ * whose own packed send or receive extent exceeds INT_MAX, even under DTL_CHECK; NCCL rejects an in-place all-to-all
  * (every rank of a checked call alike, since the in-place form is part of the fingerprint) and reports a
  * bad device pointer or stream only as an asynchronous error (DTL_ERR_COMM from a later call). */
 
@@ -147,8 +148,8 @@ DTL_API dtl_status dtl_all_to_all_async(dtl_comm *c, const void *send, void *rec
                                         dtl_request **req);
 DTL_API dtl_status dtl_all_to_allv_async(dtl_comm *c, const void *send, const size_t *send_counts, void *recv,
                                          const size_t *recv_counts, dtl_dtype t, dtl_request **req);
-/* Blocks until the operation is complete (results in place, DTL_AVG divided), frees req and returns the
- * operation's status. */
+/* Blocks until the operation is complete (results in place, DTL_AVG divided), frees req (a plan's request from
+ * dtl_plan_execute_async goes back to its plan) and returns the operation's status. */
 DTL_API dtl_status dtl_wait(dtl_request *req);
 /* *done = 1 when the transfer is complete (a following dtl_wait returns at once; results are final only after
  * dtl_wait), else 0. Does not free req. */

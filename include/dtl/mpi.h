@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* The OpenMPI backend: collectives on host memory over an MPI communicator. */
+/* The MPI backend (OpenMPI, MPICH): collectives on host memory over an MPI communicator, and the choice of
+ * their algorithms. */
 #ifndef DTL_MPI_H
 #define DTL_MPI_H
 
@@ -16,6 +17,28 @@ extern "C" {
 DTL_API dtl_status dtl_comm_from_mpi(MPI_Comm comm, dtl_comm **out);
 /* The duplicated communicator dtl uses (for timing raw MPI beside dtl). */
 DTL_API MPI_Comm dtl_comm_mpi_handle(const dtl_comm *c);
+
+/* Algorithms. All-reduce, reduce-scatter(v), all-gather(v), all-to-all(v) and reduce run either the MPI call
+ * or one of dtl's own algorithms, chosen per call from a table by collective, number of ranks and call size
+ * (README, "Collective algorithms"). The table is read when the communicator is made (a split keeps its
+ * parent's): the built-in one, or the file named by DTL_ALGO_TABLE; DTL_ALGO=coll:algo,... forces one
+ * algorithm per collective. Every rank must run with the same; dtl_comm_from_mpi fails on every rank when a
+ * rank cannot read them or reads another.
+ *
+ * Reproducible reductions: for floating SUM, PROD and AVG, every dtl algorithm folds the ranks' contributions
+ * in rank order, ((x0 + x1) + x2) + ... (f16/bf16: each step in f32, rounded back), so a result is bitwise the
+ * same whichever algorithm runs and from run to run. MPI does not promise an order over 3 or more ranks, so
+ * the table never chooses the MPI call for those (only DTL_ALGO forcing it does, giving the promise up); with 2
+ * ranks, for integers, and for MAX and MIN, the order does not change the result (for floating MAX and MIN up to
+ * the sign of a zero and which NaN). */
+/* "collective:algorithm" of the last call on c that had a choice (e.g. "reduce_scatter:a2a_fold"), "" before
+ * the first or for a communicator of another transport. The text stays valid until the next call of this. */
+DTL_API const char *dtl_comm_mpi_last_algorithm(const dtl_comm *c);
+/* The table a communicator made now would use (the built-in one, or DTL_ALGO_TABLE's, with DTL_ALGO's forced
+ * choices), in the DTL_ALGO_TABLE format: like snprintf, at most cap bytes into buf (NUL-terminated when cap >
+ * 0) and the whole length in *len (may be NULL). DTL_ERR_INVALID_ARGUMENT when DTL_ALGO or DTL_ALGO_TABLE is
+ * malformed, naming the entry. */
+DTL_API dtl_status dtl_mpi_algorithm_table(char *buf, size_t cap, size_t *len);
 
 #ifdef __cplusplus
 }

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Redistribution: a plan turns a source layout into a target layout over the same mesh with the cheapest
- * sequence of collectives under an alpha-beta cost model. Creating a plan is pure (no communication) and
- * deterministic, so every rank derives the same plan; executing it is collective over the mesh. */
+/* Redistribution: a plan turns a source layout into a target layout, on the same mesh or on another mesh of the
+ * same parent communicator, with the cheapest sequence of collectives and exchanges under an alpha-beta cost model
+ * whose scratch fits a budget. Creating a plan is pure (no communication) and deterministic, so every rank derives
+ * the same plan; executing it is collective over the ranks of its mesh (or of both meshes). */
 #ifndef DTL_PLAN_H
 #define DTL_PLAN_H
 
@@ -40,31 +41,57 @@ typedef struct {
  * creation fail with DTL_ERR_INVALID_ARGUMENT), then the fields given to dtl_plan_create_with_cost. */
 DTL_API dtl_status dtl_cost_model_default(dtl_memory memory, dtl_cost_model *out);
 
-/* Finds the cheapest sequence of steps, each changing one mesh dim: S(i)->R all-gather, P->R all-reduce,
- * P->S(i) reduce-scatter, S(i)->S(j) all-to-all, R->S(i) local slice, R->P local. src and dst must share
- * the mesh object, dtype and global shape. Rules:
+/* Finds the cheapest sequence of steps. Each per-dim step changes one mesh dim: S(i)->R all-gather, P->R
+ * all-reduce, P->S(i) reduce-scatter, S(i)->S(j) all-to-all, R->S(i) local slice, R->P local. The exchange step
+ * goes from a layout without pending Partials straight to the target in one step on any number of mesh dims: each
+ * rank intersects its box with every target box and sends exactly those pieces point to point (a rank whose data
+ * does not change owner moves nothing; a replicated source spreads its sends over its replicas; a Partial target's
+ * identity coordinates just fill). It is priced at alpha per peer contacted plus alpha for the call, and beta per
+ * byte of the larger of what a rank sends and receives (the maximum over the ranks); a tie keeps the per-dim step.
+ * src and dst must have one dtype and global shape, and share the mesh object or be on two meshes of one parent
+ * (dtl_mesh_create_from_ranks: disjoint, overlapping, or the same ranks in another shape). Between two meshes the
+ * plan reduces the source's pending Partials on the source mesh first (the cheapest of all-reduce and
+ * reduce-scatter), then exchanges; a Partial target is filled (its op's identity off coordinate 0). Rules of the
+ * per-dim steps:
  * - nested sharding splits a tensor dim left to right, so a step may only undo or add the innermost split
- *   of a tensor dim (e.g. [S0,S1] -> [S1,S0] goes through an all-gather);
+ *   of a tensor dim (e.g. [S0,S1] -> [S1,S0] on 2x2 would go through an all-gather; the exchange swaps two pieces);
  * - pending Partials are reduced innermost mesh dim first; a reduction may run before an inner pending
  *   one only when their ops commute (equal ops, or sum with avg);
  * - mesh dims of size 1 never communicate: their placement is a relabeling, any pair allowed;
- * - a mesh dim whose source is S and target P, or source P(a) and target P(b != a), is DTL_ERR_UNSUPPORTED
- *   with the reason (reaching it would mean a collective whose result the relabeling mostly discards:
- *   ask for R there, or redistribute through R in two calls).
+ * - on one mesh, a mesh dim whose source is S and target P, or source P(a) and target P(b != a), is
+ *   DTL_ERR_UNSUPPORTED with the reason (reaching it would mean a collective whose result the relabeling mostly
+ *   discards: ask for R there, or redistribute through R in two calls).
+ * Memory: a plan's scratch (dtl_plan_scratch_bytes) is at most the larger of this rank's local source and target
+ * bytes, on every rank: when the cheapest route would need more on some rank (a route through an intermediate
+ * larger than both ends), the plan is the same route with smaller pack chunks, or else the cheapest route of
+ * reductions and one exchange, its exchange split into as few rounds as fit. Checked for every rank from the global
+ * shapes, so every rank derives the same plan. One exception, with pending Partials only: where a reduce-scatter
+ * must split a dim of small extent unevenly, the reduced shard plus one round of the exchange can exceed the bound
+ * (by at most the bound again; README, Memory).
  * Pure and deterministic: no communication, and every rank derives the same steps (ties go to fewer
  * steps, then to a fixed order). The per-rank byte figures of explain are those of this rank's coordinate. */
 DTL_API dtl_status dtl_plan_create(const dtl_layout *src, const dtl_layout *dst, dtl_plan **out);
 DTL_API dtl_status dtl_plan_create_with_cost(const dtl_layout *src, const dtl_layout *dst, const dtl_cost_model *cost,
                                              dtl_plan **out);
-/* Collective over the mesh. src_local is this rank's shard of src (never written); dst_local receives this
- * rank's shard of dst. src_local == dst_local is rejected unless the plan is purely local. Everything the
- * execution derives (boxes, peer lists, chunking, where each intermediate lives) was computed by
+/* The cheapest plan whose scratch is at most max_scratch_bytes on every rank (every rank passes the same limit): the
+ * cheapest route if it fits, else reductions and one exchange in as few rounds as fit (each round moves a slab of
+ * the outermost dim of extent > 1, so its pack and receive regions shrink with it). A limit that no plan meets is
+ * DTL_ERR_INVALID_ARGUMENT naming the smallest limit that works for the pair (a limit above the default bound may
+ * return a cheaper plan than dtl_plan_create). */
+DTL_API dtl_status dtl_plan_create_with_limit(const dtl_layout *src, const dtl_layout *dst, size_t max_scratch_bytes,
+                                              dtl_plan **out);
+/* Collective over the mesh (a plan between two meshes: over the ranks of both, which alone take part; a rank of
+ * the parent in neither mesh may call it and returns at once). src_local is this rank's shard of src (never
+ * written); dst_local receives this rank's shard of dst; a rank passes NULL for a side whose mesh it is not in
+ * (a buffer there is DTL_ERR_INVALID_ARGUMENT). src_local == dst_local is rejected unless the plan is purely local.
+ * Everything the execution derives (boxes, peer lists, chunking, where each intermediate lives) was computed by
  * dtl_plan_create, so a call reads no environment and allocates nothing, except that a plan's first execution
  * allocates its own workspace (dtl_plan_scratch_bytes bytes in the mesh communicator's memory, kept until
  * dtl_plan_destroy). A plan runs one call at a time, like every call on one mesh. Every check and the
  * workspace allocation come before the first step; with DTL_CHECK on the mesh's communicator the ranks then
  * agree on the plan (layouts, mesh, steps, resolved cost model) and on each other's verdict, so a bad buffer,
- * another plan or another cost model (DTL_PLAN_TUNE) on one rank fails every rank. Planning is local: a rank
+ * another plan or another cost model (DTL_PLAN_TUNE) on one rank fails every rank (between two meshes: every
+ * rank of both, through point-to-point messages on the parent). Planning is local: a rank
  * whose dtl_plan_create failed must not leave its peers executing (dtl_redistribute plans inside the
  * agreement, so there a planning failure on one rank fails every rank under DTL_CHECK). */
 DTL_API dtl_status dtl_plan_execute(const dtl_plan *p, const void *src_local, void *dst_local);
@@ -75,11 +102,23 @@ DTL_API dtl_status dtl_plan_execute(const dtl_plan *p, const void *src_local, vo
  * never allocated by this form. */
 DTL_API dtl_status dtl_plan_execute_with_workspace(const dtl_plan *p, const void *src_local, void *dst_local, void *ws,
                                                    size_t ws_bytes);
+/* Starts an execution of p and returns at once, so that the transfer overlaps what the caller does next (a
+ * pipeline stage sends micro-batch k while it computes k+1). Checks its arguments like dtl_plan_execute, runs the
+ * local steps before the exchange and starts it, and stores in *req a request that dtl_test advances (each
+ * round of an exchange in rounds starts when the previous one completes) and dtl_wait completes (placing what
+ * arrived); the buffers belong to the execution until dtl_wait returns. The request is the plan's own (no
+ * allocation per call beyond the plan's first): a plan has one execution in flight at a time, and every request
+ * goes to dtl_wait exactly once. Like every nonblocking start it never agrees, even under DTL_CHECK (comm.h). MPI:
+ * plans whose one communicating step is an exchange (any layouts without pending Partials, also between two
+ * meshes), or none; a plan with a collective step is DTL_ERR_UNSUPPORTED naming it (run it with
+ * dtl_plan_execute). NCCL: any plan, enqueued on the communicator's stream (already asynchronous), and the request
+ * completes at once. A rank in neither mesh gets a request that completes at once. */
+DTL_API dtl_status dtl_plan_execute_async(const dtl_plan *p, const void *src_local, void *dst_local, dtl_request **req);
 /* Workspace bytes that suffice for every call of dtl_plan_execute_with_workspace on this rank: the scratch
  * figure below, or more for a purely local plan run in place (src_local == dst_local). 0 for NULL. */
 DTL_API size_t dtl_plan_workspace_bytes(const dtl_plan *p);
 /* EXPLAIN-style text: one line per step (mesh dim, collective, tensor dims, bytes sent/received per rank,
- * estimated time) and the total. A too-small buffer is DTL_ERR_INVALID_ARGUMENT naming the size needed,
+ * estimated time; an exchange names both placement vectors and its rounds) and the total. A too-small buffer is DTL_ERR_INVALID_ARGUMENT naming the size needed,
  * which dtl_plan_explain_needed returns (including the NUL). */
 DTL_API dtl_status dtl_plan_explain(const dtl_plan *p, char *buf, size_t cap);
 DTL_API size_t dtl_plan_explain_needed(const dtl_plan *p);
@@ -89,16 +128,19 @@ DTL_API int dtl_plan_num_collectives(const dtl_plan *p);
 /* Estimated seconds under the plan's cost model. */
 DTL_API double dtl_plan_cost(const dtl_plan *p);
 /* Scratch memory one execution with distinct source and destination buffers uses on this rank, in bytes,
- * exactly (one buffer, which the plan's first such dtl_plan_execute allocates; 0 = none). A plan of
- * one step needs at most the larger of the local source and target shards. A plan of several steps needs
- * more only when an intermediate shard is larger than both ends (e.g. [S0,S1] -> [S1,S0] passes through
- * [S0,R]) or a packed buffer must sit beside an intermediate; it stays below three times the largest shard
- * on the route. */
+ * exactly (one buffer, which the plan's first such dtl_plan_execute allocates; 0 = none): at most the larger of
+ * this rank's local source and target bytes for dtl_plan_create's plans (see there), at most the limit for
+ * dtl_plan_create_with_limit's. */
 DTL_API size_t dtl_plan_scratch_bytes(const dtl_plan *p);
+/* This rank's bytes on the wire over all steps of the plan: sent to and received from other ranks (a collective's
+ * under its ring algorithm, as explain prints them; an exchange's exactly: it receives the bytes of its target box
+ * that its own source box does not already hold, nothing where it holds a Partial target's identity). */
+DTL_API dtl_status dtl_plan_bytes(const dtl_plan *p, uint64_t *sent, uint64_t *received);
 DTL_API void dtl_plan_destroy(dtl_plan *p);
 
 /* Plans (cached per mesh by the (src, dst) pair, so repeated calls cost about a hash lookup; the cache is a
- * memo of the const mesh, see <dtl/mesh.h>) and executes. */
+ * memo of the const mesh, see <dtl/mesh.h>; between two meshes, of src's mesh) and executes, with the rules of
+ * dtl_plan_execute. */
 DTL_API dtl_status dtl_redistribute(const dtl_layout *src, const void *src_local, const dtl_layout *dst, void *dst_local);
 /* The dense tensor on root (read there only) -> this rank's local shard of l, for any layout; a Partial
  * placement gets the value on coordinate 0 and the identity of its op elsewhere (max/min/avg: the value).

@@ -34,10 +34,11 @@ int64_t dtl__agree_nonce(const void *salt, int rank) {
   return (int64_t)(h >> 2) | 1; /* positive, never 0, and far from INT64_MIN so that -h is exact */
 }
 
-dtl_status dtl__comm_max_i64(dtl_comm *c, int64_t *v, int n) {
-  if (c->mem.ops->memory == DTL_MEMORY_HOST) return c->ops->all_reduce(c, v, v, (size_t)n, DTL_INT64, DTL_MAX);
-  size_t bytes = sizeof(int64_t) * (size_t)n;
-  if (c->agree_bytes < bytes) { /* grows once to the largest vector (the chunk of the second exchange) */
+/* The agreement's staging in the communicator's memory: n int64 at least, grown once to the largest need (the
+ * chunk of the second exchange, or the verdicts of dtl__agree_among). */
+static dtl_status dtl__agree_stage(dtl_comm *c, size_t n, int64_t **out) {
+  size_t bytes = n * sizeof(int64_t);
+  if (c->agree_bytes < bytes) {
     if (c->agree_buf) dtl__mem_free(&c->mem, c->agree_buf);
     c->agree_buf = NULL;
     c->agree_bytes = 0;
@@ -45,9 +46,18 @@ dtl_status dtl__comm_max_i64(dtl_comm *c, int64_t *v, int n) {
     DTL_TRY(dtl__mem_alloc(&c->mem, want, &c->agree_buf));
     c->agree_bytes = want;
   }
-  DTL_TRY(dtl__mem_copy(&c->mem, c->agree_buf, v, bytes));
-  DTL_TRY(c->ops->all_reduce(c, c->agree_buf, c->agree_buf, (size_t)n, DTL_INT64, DTL_MAX));
-  DTL_TRY(dtl__mem_copy(&c->mem, v, c->agree_buf, bytes));
+  *out = c->agree_buf;
+  return DTL_OK;
+}
+
+dtl_status dtl__comm_max_i64(dtl_comm *c, int64_t *v, int n) {
+  if (c->mem.ops->memory == DTL_MEMORY_HOST) return c->ops->all_reduce(c, v, v, (size_t)n, DTL_INT64, DTL_MAX);
+  size_t bytes = sizeof(int64_t) * (size_t)n;
+  int64_t *stage;
+  DTL_TRY(dtl__agree_stage(c, (size_t)n, &stage));
+  DTL_TRY(dtl__mem_copy(&c->mem, stage, v, bytes));
+  DTL_TRY(c->ops->all_reduce(c, stage, stage, (size_t)n, DTL_INT64, DTL_MAX));
+  DTL_TRY(dtl__mem_copy(&c->mem, v, stage, bytes));
   return c->ops->synchronize(c);
 }
 
@@ -165,4 +175,99 @@ dtl_status dtl__agree_max(dtl_comm *c, const char *fn, uint64_t fp, dtl_status l
 
 dtl_status dtl__agree(dtl_comm *c, const char *fn, uint64_t fp, dtl_status local) {
   return dtl__agree_max(c, fn, fp, local, NULL, 0);
+}
+
+/* One round of messages of dtl__agree_among, then (device memory) the copy back of what arrived. */
+static dtl_status dtl__agree_p2p(dtl_comm *c, int ns, const int *sp, const void *const *sb, const size_t *sc, int nr,
+                                 const int *rp, void *const *rb, const size_t *rc) {
+  DTL_TRY(c->ops->exchange(c, ns, sp, sb, sc, nr, rp, rb, rc, DTL_INT64, NULL));
+  return c->ops->synchronize(c);
+}
+
+#define DTL__AGREE_REPLY 8 /* verdict, rank, status, count, up to four ranks */
+
+dtl_status dtl__agree_among(dtl_comm *c, int n, const int *ranks, const char *fn, uint64_t fp, dtl_status local) {
+  if (n == c->size) return dtl__agree(c, fn, fp, local);
+  if (n <= 1) return local;
+  if (!c->ops->exchange)
+    return local != DTL_OK ? local : dtl__error_fn(DTL_ERR_UNSUPPORTED, fn, "the %s transport has no point-to-point "
+                                                   "exchange to agree over part of a communicator", c->ops->name);
+  char saved[1024];
+  if (local != DTL_OK) snprintf(saved, sizeof saved, "%s", dtl_last_error());
+  bool dev = c->mem.ops->memory == DTL_MEMORY_DEVICE;
+  int leader = ranks[0];
+  int64_t mine[2] = {local == DTL_OK ? dtl__fp63(fp) : 0, (int64_t)local}, reply[DTL__AGREE_REPLY] = {0};
+  int64_t *buf = NULL; /* staging: the leader's n entries of 2, then the reply */
+  dtl_status st = dtl__agree_stage(c, 2 * (size_t)n + DTL__AGREE_REPLY, &buf);
+  int64_t host_store[2 * 64], *all = host_store; /* the leader's view of every verdict */
+  if (st == DTL_OK && c->rank == leader && n > 64 && !(all = dtl__malloc(sizeof(int64_t) * 2 * (size_t)n)))
+    st = dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory");
+  if (st != DTL_OK) return local != DTL_OK ? dtl__error(local, "%s", saved) : st;
+  size_t two = 2, rn = DTL__AGREE_REPLY;
+  if (c->rank != leader) {
+    if (dev) st = dtl__mem_copy(&c->mem, buf, mine, sizeof mine);
+    const void *sb = dev ? (const void *)buf : (const void *)mine;
+    void *rb = dev ? (void *)(buf + 2) : (void *)reply;
+    if (st == DTL_OK) st = dtl__agree_p2p(c, 1, &leader, &sb, &two, 1, &leader, &rb, &rn);
+    if (st == DTL_OK && dev) st = dtl__mem_copy(&c->mem, reply, buf + 2, sizeof reply);
+    if (st == DTL_OK) st = c->ops->synchronize(c);
+  } else {
+    /* Receive every verdict, judge, answer every rank alike. Up to 64 ranks per round of messages. */
+    all[0] = mine[0];
+    all[1] = mine[1];
+    for (int base = 1; base < n && st == DTL_OK; base += 64) {
+      int k = n - base < 64 ? n - base : 64;
+      void *rb[64];
+      size_t rc[64];
+      for (int i = 0; i < k; i++) {
+        rb[i] = dev ? (void *)(buf + 2 * i) : (void *)(all + 2 * (base + i));
+        rc[i] = 2;
+      }
+      st = dtl__agree_p2p(c, 0, NULL, NULL, NULL, k, ranks + base, rb, rc);
+      if (st == DTL_OK && dev) st = dtl__mem_copy(&c->mem, all + 2 * base, buf, sizeof(int64_t) * 2 * (size_t)k);
+      if (st == DTL_OK && dev) st = c->ops->synchronize(c);
+    }
+    if (st == DTL_OK) {
+      reply[1] = -1;
+      for (int i = 0; i < n; i++) {
+        if (all[2 * i + 1] != DTL_OK && reply[1] < 0) {
+          reply[0] = 1;
+          reply[1] = ranks[i];
+          reply[2] = all[2 * i + 1];
+        } else if (all[2 * i + 1] == DTL_OK && all[2 * i] != all[0] && all[1] == DTL_OK) {
+          if (reply[3] < 4) reply[4 + reply[3]] = ranks[i];
+          reply[3]++;
+        }
+      }
+      if (reply[0] == 0 && reply[3] > 0) reply[0] = 2;
+      int64_t *src = reply;
+      if (dev && (st = dtl__mem_copy(&c->mem, buf, reply, sizeof reply)) == DTL_OK) src = buf;
+      for (int base = 1; base < n && st == DTL_OK; base += 64) {
+        int k = n - base < 64 ? n - base : 64;
+        const void *sb[64];
+        size_t sc[64];
+        for (int i = 0; i < k; i++) {
+          sb[i] = src;
+          sc[i] = DTL__AGREE_REPLY;
+        }
+        st = dtl__agree_p2p(c, k, ranks + base, sb, sc, 0, NULL, NULL, NULL);
+      }
+    }
+    if (all != host_store) dtl__free(all);
+  }
+  if (local != DTL_OK) return dtl__error(local, "%s", saved);
+  if (st != DTL_OK) return dtl__error_prefix(st, "%s: agreeing with the other ranks", fn);
+  if (reply[0] == 1)
+    return dtl__error_fn((dtl_status)reply[2], fn, "rank %d failed (%s; its dtl_last_error says why), so no rank went on",
+                         (int)reply[1], dtl_status_name((dtl_status)reply[2]));
+  if (reply[0] == 2) {
+    char list[64] = "";
+    size_t o = 0;
+    for (int i = 0; i < reply[3] && i < 4; i++) o += (size_t)snprintf(list + o, sizeof list - o, i ? ",%d" : "%d", (int)reply[4 + i]);
+    if (reply[3] > 4) snprintf(list + o, sizeof list - o, ",...");
+    return dtl__error_fn(DTL_ERR_MISMATCH, fn, "rank%s %s made another call than rank %d (its arguments that every rank "
+                         "must pass alike differ: layouts, meshes, plan or cost model); nothing was communicated",
+                         reply[3] > 1 ? "s" : "", list, leader);
+  }
+  return DTL_OK;
 }

@@ -31,6 +31,11 @@ dtl_status dtl__agree(dtl_comm *c, const char *fn, uint64_t fp, dtl_status local
 /* The same, and in the same all-reduce vals[0..n) (n <= DTL__AGREE_MAX_EXTRA) become their maximum over
  * the ranks (on DTL_OK only; otherwise they are left as they were). */
 dtl_status dtl__agree_max(dtl_comm *c, const char *fn, uint64_t fp, dtl_status local, int64_t *vals, int n);
+/* dtl__agree among the ranks ranks[0..n) of c only (ascending; this rank among them), which form no communicator of
+ * their own (the two meshes of a plan between meshes): point to point through the transport's exchange, every rank
+ * sends its verdict and fingerprint to the lowest, which answers each with the outcome. The same verdicts as
+ * dtl__agree (the lowest rank's fingerprint is the reference); ranks not listed take no part. */
+dtl_status dtl__agree_among(dtl_comm *c, int n, const int *ranks, const char *fn, uint64_t fp, dtl_status local);
 /* dtl__agree when the communicator has DTL_CHECK on, else just local (fp is not evaluated then): the hook of
  * every per-call entry point, placed after its checks and allocations and before its first collective. */
 #define dtl__agree_checked(c, fn, fp, local) ((c)->check ? dtl__agree((c), (fn), (fp), (local)) : (local))

@@ -44,6 +44,16 @@ typedef struct dtl__comm_ops {
    * into shards in place and to leave its own block out of the exchange (it copies that block itself). */
   dtl_status (*all_to_allv_displs)(dtl_comm *c, const void *send, const size_t *send_counts, const size_t *send_displs,
                                    void *recv, const size_t *recv_counts, const size_t *recv_displs, dtl_dtype t);
+  /* Optional: a sparse exchange of point-to-point messages with the listed peers, none of them this rank: nsend
+   * messages (send_peers[i], send_bufs[i], send_counts[i] > 0 elements) and nrecv (recv_peers, recv_bufs,
+   * recv_counts), posted together and complete together. Only the ranks that move something take part (no
+   * collective: a rank with nothing to move makes no call), so it runs over any subset of the communicator.
+   * Messages between two ranks match in the order posted, and never with those of send/recv/sendrecv (the MPI
+   * transport tags them apart). req NULL: returns once complete; otherwise a request for wait/test is stored
+   * (a transport without nonblocking point-to-point returns DTL_ERR_UNSUPPORTED for that form). */
+  dtl_status (*exchange)(dtl_comm *c, int nsend, const int *send_peers, const void *const *send_bufs,
+                         const size_t *send_counts, int nrecv, const int *recv_peers, void *const *recv_bufs,
+                         const size_t *recv_counts, dtl_dtype t, dtl_request **req);
 
   /* Nonblocking forms (NULL where the transport has none): start the operation and store a request made by
    * the transport in *req. wait completes and frees it (whatever the outcome); test only polls. */
@@ -87,9 +97,13 @@ struct dtl_comm {
   void *impl; /* the backend's state */
 };
 
-/* The common head of every transport's request (the transport's own struct starts with it). */
+/* The common head of every request: a transport's own struct starts with it (wait and test NULL: the transport's
+ * vtable completes it), and so does a request made above the transports (a plan's nonblocking execution), which
+ * sets wait and test to its own. */
 struct dtl_request {
   dtl_comm *comm;
+  dtl_status (*wait)(dtl_request *req);
+  dtl_status (*test)(dtl_request *req, bool *done);
 };
 
 /* Address arithmetic on user pointers without forming NULL + offset (in-place and overlap tests). */

@@ -470,14 +470,14 @@ dtl_status dtl_all_to_allv_async(dtl_comm *c, const void *send, const size_t *se
 
 dtl_status dtl_wait(dtl_request *req) {
   DTL_CHECK_ARG(req != NULL, "dtl_wait", "req=NULL");
-  return req->comm->ops->wait(req);
+  return req->wait ? req->wait(req) : req->comm->ops->wait(req);
 }
 
 dtl_status dtl_test(dtl_request *req, int *done) {
   DTL_CHECK_ARG(req != NULL, "dtl_test", "req=NULL");
   DTL_CHECK_ARG(done != NULL, "dtl_test", "done=NULL");
   bool d = false;
-  DTL_TRY(req->comm->ops->test(req, &d));
+  DTL_TRY(req->test ? req->test(req, &d) : req->comm->ops->test(req, &d));
   *done = d;
   return DTL_OK;
 }

@@ -413,6 +413,28 @@ static dtl_status nccl_sendrecv(dtl_comm *c, const void *send, size_t send_count
   return dtl__nccl_leave(&s, dtl__nccl_exchange(c, fn, t));
 }
 
+/* One group of ncclSend/ncclRecv over the listed peers only. NCCL calls are already asynchronous on the stream,
+ * so the nonblocking form (req) is not offered. */
+static dtl_status nccl_exchange(dtl_comm *c, int nsend, const int *send_peers, const void *const *send_bufs,
+                                const size_t *send_counts, int nrecv, const int *recv_peers, void *const *recv_bufs,
+                                const size_t *recv_counts, dtl_dtype t, dtl_request **req) {
+  static const char fn[] = "dtl_exchange";
+  if (req) return dtl__error(DTL_ERR_UNSUPPORTED, "%s: NCCL has no nonblocking form (its calls are already "
+                             "asynchronous on the communicator's stream)", fn);
+  dtl__nccl_scope s;
+  DTL_TRY(dtl__nccl_begin(c, fn, &s));
+  dtl__nccl *n = dtl__nccl_of(c);
+  ncclDataType_t dt = dtl__nccl_type(t);
+  ncclResult_t r = ncclGroupStart();
+  for (int i = 0; i < nrecv && (r == ncclSuccess || r == ncclInProgress); i++)
+    r = ncclRecv(recv_bufs[i], recv_counts[i], dt, recv_peers[i], n->comm, n->stream);
+  for (int i = 0; i < nsend && (r == ncclSuccess || r == ncclInProgress); i++)
+    r = ncclSend(send_bufs[i], send_counts[i], dt, send_peers[i], n->comm, n->stream);
+  ncclResult_t end = ncclGroupEnd(); /* always closes the group, also after a failed call inside it */
+  if (r == ncclSuccess || r == ncclInProgress) r = end;
+  return dtl__nccl_leave(&s, dtl__nccl_settle(n->comm, fn, r));
+}
+
 static dtl_status nccl_barrier(dtl_comm *c) {
   static const char fn[] = "dtl_barrier";
   dtl__nccl_scope s;
@@ -544,7 +566,7 @@ static const dtl__comm_ops dtl__nccl_ops = {
     .all_gather = nccl_all_gather, .all_gatherv = nccl_all_gatherv, .all_reduce = nccl_all_reduce,
     .reduce_scatter = nccl_reduce_scatter, .reduce_scatterv = nccl_reduce_scatterv, .all_to_all = nccl_all_to_all,
     .all_to_allv = nccl_all_to_allv, .send = nccl_send, .recv = nccl_recv, .sendrecv = nccl_sendrecv,
-    .barrier = nccl_barrier,
+    .barrier = nccl_barrier, .exchange = nccl_exchange,
     .split = nccl_split, .check = nccl_check, .abort = nccl_abort, .destroy = nccl_destroy,
     .synchronize = nccl_synchronize,
 };

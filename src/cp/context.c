@@ -18,6 +18,8 @@ dtl_status dtl_cp_context_create(const dtl_mesh *mesh, int cp_dim, const dtl_cp_
   DTL_CHECK_ARG(out != NULL, fn, "out=NULL");
   DTL_CHECK_ARG(mesh != NULL, fn, "mesh=NULL");
   DTL_CHECK_ARG(!dtl_mesh_is_abstract(mesh), fn, "mesh is abstract (it has no communicators to run attention on)");
+  DTL_CHECK_ARG(dtl_mesh_is_member(mesh), fn,
+                "this rank is outside the mesh (dtl_mesh_create_from_ranks): only its members make contexts on it");
   DTL_CHECK_ARG(cp_dim >= 0 && cp_dim < mesh->ndim, fn, "cp_dim=%d (expected 0..%d)", cp_dim, mesh->ndim - 1);
   if (opt) {
     DTL_TRY(dtl__check_bits(fn, "opt.mask", opt->mask, DTL__BITS(DTL_CP_OPT_DTYPE)));

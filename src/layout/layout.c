@@ -90,6 +90,11 @@ static dtl_status dtl__layout_init(dtl_layout *l, const char *fn, const dtl_mesh
   size_t lc = 1;
   for (int d = 0; d < ndim; d++) lc *= (size_t)l->local_shape[d];
   l->local_count = lc;
+  if (!m->member) { /* a rank outside the mesh holds no part of the tensor */
+    memset(l->local_shape, 0, sizeof l->local_shape);
+    memset(l->local_offset, 0, sizeof l->local_offset);
+    l->local_count = 0;
+  }
   return DTL_OK;
 }
 
@@ -184,8 +189,12 @@ bool dtl__layout_equal(const dtl_layout *a, const dtl_layout *b) {
 }
 
 bool dtl__layout_holds_identity(const dtl_layout *l, const int *coord, dtl_reduce_op *op) {
-  for (int md = 0; md < l->mesh->ndim; md++) {
-    dtl_placement p = l->placements[md];
+  return dtl__placements_hold_identity(l->mesh, l->placements, coord, op);
+}
+
+bool dtl__placements_hold_identity(const dtl_mesh *m, const dtl_placement *pl, const int *coord, dtl_reduce_op *op) {
+  for (int md = 0; md < m->ndim; md++) {
+    dtl_placement p = pl[md];
     if (p.kind == DTL_PARTIAL && (p.op == DTL_SUM || p.op == DTL_PROD) && coord[md] != 0) {
       if (op) *op = p.op;
       return true;

@@ -17,14 +17,23 @@ typedef struct {
 } dtl__mesh_memo;
 
 struct dtl_mesh {
-  dtl_comm *comm; /* not owned; NULL for an abstract mesh */
+  /* The communicator over the mesh's ranks: dtl_mesh_create's (not owned), or made by dtl_mesh_create_from_ranks
+   * (owned); NULL for an abstract mesh and on a rank outside the mesh. */
+  dtl_comm *comm;
+  /* The communicator whose ranks the mesh's ranks are (dtl_mesh_create: comm itself; from ranks: the parent; not
+   * owned; NULL for an abstract mesh), and the parent rank of each mesh rank in row-major order (size entries,
+   * owned; NULL when mesh rank r is parent rank r). Plans between two meshes of one parent run on it. */
+  dtl_comm *parent;
+  int *ranks;
+  bool member;    /* this rank is in the mesh (abstract meshes: the rank at coord) */
+  bool owns_comm; /* comm was made for the mesh */
   /* Equal on every rank of one dtl_mesh_create and different across creations (0 for an abstract mesh), so
    * that a DTL_CHECK fingerprint tells two meshes of one shape apart. */
   uint64_t id;
   int ndim, size;
   int shape[DTL_MAX_MESH_DIMS];
-  int coord[DTL_MAX_MESH_DIMS];
-  dtl_comm *dim_comm[DTL_MAX_MESH_DIMS]; /* owned */
+  int coord[DTL_MAX_MESH_DIMS];          /* all zeros outside the mesh */
+  dtl_comm *dim_comm[DTL_MAX_MESH_DIMS]; /* owned; NULL outside the mesh */
   dtl__mesh_memo *memo;                  /* never NULL; allocated with the mesh */
 };
 
@@ -38,6 +47,21 @@ struct dtl_layout {
   int64_t local_shape[DTL_MAX_TENSOR_DIMS], local_offset[DTL_MAX_TENSOR_DIMS];
   size_t local_count, global_count;
 };
+
+/* This rank's mesh rank (row-major position of its coordinate), -1 outside the mesh. */
+static inline int dtl__mesh_index(const dtl_mesh *m) {
+  if (!m->member) return -1;
+  int r = 0;
+  for (int d = 0; d < m->ndim; d++) r = r * m->shape[d] + m->coord[d];
+  return r;
+}
+/* The parent rank of mesh rank r. */
+static inline int dtl__mesh_parent_rank(const dtl_mesh *m, int r) { return m->ranks ? m->ranks[r] : r; }
+/* The memory of the mesh's buffers: its communicator's, the parent's outside the mesh, host on abstract meshes. */
+static inline const dtl__mem *dtl__mesh_mem(const dtl_mesh *m) {
+  static const dtl__mem host = {&dtl__host_mem_ops, -1, NULL};
+  return m->comm ? &m->comm->mem : m->parent ? &m->parent->mem : &host;
+}
 
 /* torch.chunk: the [offset, offset+size) piece that chunk index i of k gets from a dim of size n. */
 void dtl__chunk(int64_t n, int k, int i, int64_t *offset, int64_t *size);
@@ -53,5 +77,7 @@ bool dtl__layout_equal(const dtl_layout *a, const dtl_layout *b);
  * lowest such dim's op names the identity, written to op when op is not NULL); max, min and avg keep the
  * value everywhere. */
 bool dtl__layout_holds_identity(const dtl_layout *l, const int *coord, dtl_reduce_op *op);
+/* The same for placements pl over mesh m. */
+bool dtl__placements_hold_identity(const dtl_mesh *m, const dtl_placement *pl, const int *coord, dtl_reduce_op *op);
 
 #endif

@@ -2,6 +2,7 @@
 /* Device meshes: row-major coordinates over a communicator and one sub-communicator per mesh dim. Creation
  * is collective and agreed: every rank gets a mesh or every rank gets an error. */
 #include <stdlib.h>
+#include <string.h>
 #include "comm/agree.h"
 #include "layout/layout_internal.h"
 
@@ -57,6 +58,7 @@ dtl_status dtl_mesh_create_abstract(int ndim, const int *shape, const int *coord
   if (!m) return dtl__error(DTL_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
   m->ndim = ndim;
   m->size = (int)prod;
+  m->member = true; /* the rank at coord */
   for (int d = 0; d < ndim; d++) {
     m->shape[d] = shape[d];
     m->coord[d] = coord ? coord[d] : 0;
@@ -65,53 +67,135 @@ dtl_status dtl_mesh_create_abstract(int ndim, const int *shape, const int *coord
   return DTL_OK;
 }
 
-int dtl_mesh_is_abstract(const dtl_mesh *m) { return m && m->comm == NULL; }
+int dtl_mesh_is_abstract(const dtl_mesh *m) { return m && m->parent == NULL; }
 
-dtl_status dtl_mesh_create(dtl_comm *c, int ndim, const int *shape, dtl_mesh **out) {
-  static const char fn[] = "dtl_mesh_create";
-  DTL_CHECK_ARG(c != NULL, fn, "comm=NULL");
+/* The mesh's sub-communicators: along dim d, the ranks sharing every other coordinate form one group; its color
+ * is the mesh rank with coordinate d zeroed, its key the coordinate itself, so the sub-rank equals coord[d].
+ * Each split agrees over the mesh communicator, so every member leaves the loop at the same dim. */
+static dtl_status dtl__mesh_split_dims(const char *fn, dtl_mesh *m) {
+  for (int d = 0; d < m->ndim; d++) {
+    int color = 0;
+    for (int e = 0; e < m->ndim; e++) color = color * m->shape[e] + (e == d ? 0 : m->coord[e]);
+    dtl_status st = dtl_comm_split(m->comm, color, m->coord[d], &m->dim_comm[d]);
+    if (st != DTL_OK) return dtl__error_prefix(st, "%s: splitting mesh dim %d", fn, d);
+  }
+  return DTL_OK;
+}
+
+/* This rank's checks of dtl_mesh_create_from_ranks' list: *index gets its place in it (-1: not in the mesh). With
+ * ranks NULL the mesh is the whole communicator in its order. */
+static dtl_status dtl__mesh_check_ranks(const char *fn, const dtl_comm *parent, int nranks, const int *ranks,
+                                        int *index) {
+  *index = parent->rank;
+  if (!ranks) return DTL_OK;
+  DTL_CHECK_ARG(nranks >= 1 && nranks <= parent->size, fn, "nranks=%d (expected 1..%d, the parent's size)", nranks,
+                parent->size);
+  unsigned char *seen = dtl__calloc((size_t)parent->size, 1);
+  if (!seen) return dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory");
+  *index = -1;
+  dtl_status st = DTL_OK;
+  for (int i = 0; i < nranks && st == DTL_OK; i++) {
+    if (ranks[i] < 0 || ranks[i] >= parent->size)
+      st = dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "ranks[%d]=%d (expected 0..%d, a rank of the parent)", i, ranks[i],
+                         parent->size - 1);
+    else if (seen[ranks[i]]++)
+      st = dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "ranks[%d]=%d appears twice (expected distinct ranks)", i, ranks[i]);
+    else if (ranks[i] == parent->rank)
+      *index = i;
+  }
+  dtl__free(seen);
+  return st;
+}
+
+/* dtl_mesh_create (ranks NULL: the mesh is c in its order and c is its communicator) and
+ * dtl_mesh_create_from_ranks (a mesh over ranks[0..nranks) of c with a communicator of its own). A creation:
+ * every rank's verdict (and the arguments, which must be the same everywhere) goes through one agreement over c
+ * before the first split, so that a rank with bad arguments fails every rank; the same all-reduce draws the mesh's
+ * id. */
+static dtl_status dtl__mesh_build(const char *fn, dtl_comm *c, bool from_ranks, int nranks, const int *ranks, int ndim,
+                                  const int *shape, dtl_mesh **out) {
+  DTL_CHECK_ARG(c != NULL, fn, from_ranks ? "parent=NULL" : "comm=NULL");
   if (c->aborted) return dtl__error_fn(DTL_ERR_COMM, fn, "the communicator was aborted");
-  /* A creation: every rank's verdict (and the shape, which must be the same everywhere) goes through one
-   * agreement before the first split, so that a rank with bad arguments fails every rank; the same
-   * all-reduce draws the mesh's id. */
   int64_t prod = 0;
+  int index = -1;
   dtl_status local = out ? DTL_OK : dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "out=NULL");
   if (local == DTL_OK) local = dtl__mesh_check_shape(fn, ndim, shape, &prod);
-  if (local == DTL_OK && prod != c->size) {
+  if (local == DTL_OK && from_ranks && !ranks) local = dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "ranks=NULL");
+  if (local == DTL_OK) local = dtl__mesh_check_ranks(fn, c, nranks, ranks, &index);
+  int n = from_ranks ? nranks : c->size;
+  if (local == DTL_OK && prod != n) {
     char txt[64];
-    local = dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "shape=%s has %lld ranks but the communicator has %d",
-                          dtl__mesh_shape_text(ndim, shape, txt), (long long)prod, c->size);
+    local = dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "shape=%s has %lld ranks but the %s has %d",
+                          dtl__mesh_shape_text(ndim, shape, txt), (long long)prod, ranks ? "rank list" : "communicator", n);
   }
   dtl_mesh *m = NULL;
   if (local == DTL_OK && !(m = dtl__mesh_alloc())) local = dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory");
+  if (local == DTL_OK && ranks && !(m->ranks = dtl__malloc(sizeof(int) * (size_t)n))) {
+    local = dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory");
+  }
   /* DTL_CHECK too: ranks that disagree about it would pair an agreement with another rank's collective. */
   uint64_t fp = dtl__fp_mix(0x6d657368ull + c->check, (uint64_t)ndim);
   for (int d = 0; local == DTL_OK && d < ndim; d++) fp = dtl__fp_mix(fp, (uint64_t)shape[d]);
+  for (int i = 0; local == DTL_OK && ranks && i < nranks; i++) fp = dtl__fp_mix(fp, (uint64_t)ranks[i]);
   int64_t id = dtl__agree_nonce(m, c->rank);
   dtl_status st = dtl__agree_max(c, fn, fp, local, &id, 1);
   if (st != DTL_OK) {
     dtl_mesh_destroy(m);
     return st;
   }
-  m->comm = c;
+  m->parent = c;
   m->id = (uint64_t)id;
   m->size = (int)prod;
   m->ndim = ndim;
+  m->member = index >= 0;
   for (int d = 0; d < ndim; d++) m->shape[d] = shape[d];
-  dtl__mesh_coord_of_rank(m, c->rank, m->coord);
-  /* Along dim d, ranks sharing every other coordinate form one group; its color is the rank with
-   * coordinate d zeroed, its key the coordinate itself, so the sub-rank equals coord[d]. Each split agrees
-   * on its outcome over c, so every rank leaves the loop at the same dim. */
-  for (int d = 0; d < ndim; d++) {
-    int color = 0;
-    for (int e = 0; e < ndim; e++) color = color * m->shape[e] + (e == d ? 0 : m->coord[e]);
-    st = dtl_comm_split(c, color, m->coord[d], &m->dim_comm[d]);
-    if (st != DTL_OK) {
-      dtl_mesh_destroy(m);
-      return dtl__error_prefix(st, "%s: splitting mesh dim %d", fn, d);
+  if (ranks) memcpy(m->ranks, ranks, sizeof(int) * (size_t)n);
+  if (m->member) dtl__mesh_coord_of_rank(m, index, m->coord);
+  if (!from_ranks) {
+    m->comm = c;
+    st = dtl__mesh_split_dims(fn, m);
+  } else {
+    /* The members' communicator, in mesh order; the others' split is dropped at once (no rank keeps one alone:
+     * dtl_comm_split agrees over c). Then the dims, among the members only, and one more agreement over c so that
+     * the ranks outside learn whether the members succeeded. */
+    dtl_comm *mc = NULL;
+    st = dtl_comm_split(c, m->member ? 0 : 1, m->member ? index : c->rank, &mc);
+    if (st == DTL_OK && m->member) {
+      m->comm = mc;
+      m->owns_comm = true;
+      st = dtl__mesh_split_dims(fn, m);
+    } else {
+      dtl_comm_destroy(mc);
     }
+    st = dtl__agree(c, fn, 0, st);
+  }
+  if (st != DTL_OK) {
+    dtl_mesh_destroy(m);
+    return st;
   }
   *out = m;
+  return DTL_OK;
+}
+
+dtl_status dtl_mesh_create(dtl_comm *c, int ndim, const int *shape, dtl_mesh **out) {
+  return dtl__mesh_build("dtl_mesh_create", c, false, 0, NULL, ndim, shape, out);
+}
+
+dtl_status dtl_mesh_create_from_ranks(dtl_comm *parent, int nranks, const int *ranks, int ndim, const int *shape,
+                                      dtl_mesh **out) {
+  return dtl__mesh_build("dtl_mesh_create_from_ranks", parent, true, nranks, ranks, ndim, shape, out);
+}
+
+int dtl_mesh_is_member(const dtl_mesh *m) { return m && m->member; }
+dtl_comm *dtl_mesh_parent(const dtl_mesh *m) { return m ? m->parent : NULL; }
+
+dtl_status dtl_mesh_parent_rank(const dtl_mesh *m, int rank, int *parent_rank) {
+  static const char fn[] = "dtl_mesh_parent_rank";
+  DTL_CHECK_ARG(m != NULL, fn, "mesh=NULL");
+  DTL_CHECK_ARG(parent_rank != NULL, fn, "parent_rank=NULL");
+  DTL_CHECK_ARG(m->parent != NULL, fn, "the mesh is abstract (it has no parent communicator)");
+  DTL_CHECK_ARG(rank >= 0 && rank < m->size, fn, "rank=%d (expected 0..%d)", rank, m->size - 1);
+  *parent_rank = dtl__mesh_parent_rank(m, rank);
   return DTL_OK;
 }
 
@@ -124,7 +208,7 @@ dtl_comm *dtl_mesh_dim_comm(const dtl_mesh *m, int d) { return (m && d >= 0 && d
 
 void dtl_mesh_coord(const dtl_mesh *m, int *coord) {
   if (!m || !coord) return;
-  for (int d = 0; d < m->ndim; d++) coord[d] = m->coord[d];
+  for (int d = 0; d < m->ndim; d++) coord[d] = m->member ? m->coord[d] : -1;
 }
 
 dtl_status dtl_mesh_rank_of(const dtl_mesh *m, const int *coord, int *rank) {
@@ -154,5 +238,7 @@ void dtl_mesh_destroy(dtl_mesh *m) {
   if (!m) return;
   if (m->memo->cache && m->memo->cache_free) m->memo->cache_free(m->memo->cache);
   for (int d = 0; d < m->ndim; d++) dtl_comm_destroy(m->dim_comm[d]);
+  if (m->owns_comm) dtl_comm_destroy(m->comm);
+  dtl__free(m->ranks);
   dtl__free(m);
 }

@@ -70,20 +70,6 @@ static dtl_status dtl__a2a_unpack(const dtl__ex_ctx *x, const dtl__ex_step *e, d
   return DTL_OK;
 }
 
-/* Element offset of piece (ps, po) in the row-major box (bs, bo) when the piece is one contiguous run of it
- * (extent 1 on every dim outside its outermost dim of extent > 1, the box's whole extent inside); false when not. */
-static bool dtl__run_offset(int nd, const int64_t *bs, const int64_t *bo, const int64_t *ps, const int64_t *po,
-                            size_t *offset) {
-  int d0 = 0;
-  while (d0 < nd - 1 && ps[d0] == 1) d0++;
-  for (int d = d0 + 1; d < nd; d++)
-    if (ps[d] != bs[d]) return false;
-  size_t off = 0;
-  for (int d = 0; d < nd; d++) off = off * (size_t)bs[d] + (size_t)(po[d] - bo[d]);
-  *offset = off;
-  return true;
-}
-
 /* One side of an all-to-all at explicit displacements, for chunk r0: the pieces this rank sends (recv false:
  * pieces of the input box) or receives (recv true: of the output box), self's (-1: none) left out. They move in
  * place, at displacements into the box, when each is one contiguous run of it and the box is not overlaid by

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "redistribute/executor_internal.h"
+#include "redistribute/xmap.h"
 
 /* Blocks that split tensor dim d of a row-major box, taken in increasing offset order, are consecutive in
  * memory exactly when every dim before d has extent 1 (or the box is empty). */
@@ -33,9 +34,25 @@ static dtl_status dtl__plan_check(const char *fn, const dtl_plan *p) {
   if (p->nsteps < 0 || p->nsteps > DTL__MAX_PLAN_STEPS)
     return dtl__error_fn(DTL_ERR_INTERNAL, fn, "plan has %d steps (expected 0..%d)", p->nsteps, DTL__MAX_PLAN_STEPS);
   const dtl_placement *cur = p->src.placements;
+  bool cross = p->src.mesh != p->dst.mesh;
   for (int k = 0; k < p->nsteps; k++) {
     const dtl__plan_step *s = &p->steps[k];
     int md = s->mesh_dim;
+    if (s->kind == DTL__STEP_EXCHANGE) {
+      if (k != p->nsteps - 1) return dtl__error_fn(DTL_ERR_INTERNAL, fn, "plan step %d: an exchange that is not last", k);
+      for (int d = 0; d < nm; d++) {
+        if (mesh->shape[d] == 1) continue;
+        if (!dtl__same_placement(s->before[d], cur[d]))
+          return dtl__error_fn(DTL_ERR_INTERNAL, fn, "plan step %d: its placement before on mesh dim %d is not the one "
+                               "the previous step left", k, d);
+        if (cur[d].kind == DTL_PARTIAL)
+          return dtl__error_fn(DTL_ERR_INTERNAL, fn, "plan step %d: an exchange from a pending Partial (mesh dim %d)", k, d);
+      }
+      for (int d = 0; d < p->dst.mesh->ndim; d++)
+        if (!dtl__same_placement(s->after[d], p->dst.placements[d]))
+          return dtl__error_fn(DTL_ERR_INTERNAL, fn, "plan step %d: an exchange that does not end at the target", k);
+      return DTL_OK;
+    }
     if (md < 0 || md >= nm)
       return dtl__error_fn(DTL_ERR_INTERNAL, fn, "plan step %d: mesh_dim=%d (expected 0..%d)", k, md, nm - 1);
     for (int d = 0; d < nm; d++) {
@@ -53,10 +70,11 @@ static dtl_status dtl__plan_check(const char *fn, const dtl_plan *p) {
         return dtl__error_fn(DTL_ERR_INTERNAL, fn, "plan step %d on mesh dim %d also changes mesh dim %d", k, md, d);
     }
     dtl_placement_kind from = s->before[md].kind, to = s->after[md].kind;
-    static const dtl_placement_kind want[6][2] = {
+    static const dtl_placement_kind want[7][2] = {
         [DTL__STEP_ALL_GATHER] = {DTL_SHARD, DTL_REPLICATE},     [DTL__STEP_ALL_REDUCE] = {DTL_PARTIAL, DTL_REPLICATE},
         [DTL__STEP_REDUCE_SCATTER] = {DTL_PARTIAL, DTL_SHARD},   [DTL__STEP_ALL_TO_ALL] = {DTL_SHARD, DTL_SHARD},
-        [DTL__STEP_LOCAL_SLICE] = {DTL_REPLICATE, DTL_SHARD},    [DTL__STEP_LOCAL_PARTIAL] = {DTL_REPLICATE, DTL_PARTIAL}};
+        [DTL__STEP_LOCAL_SLICE] = {DTL_REPLICATE, DTL_SHARD},    [DTL__STEP_LOCAL_PARTIAL] = {DTL_REPLICATE, DTL_PARTIAL},
+        [DTL__STEP_EXCHANGE] = {DTL_REPLICATE, DTL_REPLICATE}};
     if ((unsigned)s->kind > DTL__STEP_LOCAL_PARTIAL || want[s->kind][0] != from || want[s->kind][1] != to)
       return dtl__error_fn(DTL_ERR_INTERNAL, fn, "plan step %d: kind %d does not turn placement kind %d into %d on mesh dim %d",
                            k, (int)s->kind, (int)from, (int)to, md);
@@ -71,6 +89,7 @@ static dtl_status dtl__plan_check(const char *fn, const dtl_plan *p) {
     }
     cur = s->after;
   }
+  if (cross) return dtl__error_fn(DTL_ERR_INTERNAL, fn, "a plan between two meshes without an exchange");
   for (int d = 0; d < nm; d++)
     if (mesh->shape[d] > 1 && !dtl__same_placement(cur[d], p->dst.placements[d]))
       return dtl__error_fn(DTL_ERR_INTERNAL, fn, "plan ends on mesh dim %d with a placement other than the target's", d);
@@ -93,12 +112,14 @@ void dtl__executor_set_chunking(size_t chunk_bytes, size_t a2a_min_chunks) {
 /* Chunking of a pass over a box whose outermost non-trivial dim the step leaves alone: sets e->cdim and
  * e->crows for a box of count elements and returns the temporary elements one chunk needs. The values
  * depend only on the box (the same on every member of the group for the boxes used here) and the memory. */
-static size_t dtl__chunking(dtl__ex_step *e, int nd, const int64_t *shape, size_t count, size_t es, dtl_memory mem) {
+static size_t dtl__chunking(dtl__ex_step *e, int nd, const int64_t *shape, size_t count, size_t es, dtl_memory mem,
+                            size_t budget_chunk) {
   e->crows = 0;
-  if (mem != DTL_MEMORY_HOST || count == 0) return count;
+  if ((mem != DTL_MEMORY_HOST && !budget_chunk) || count == 0) return count;
   int c0 = 0;
   while (c0 < nd - 1 && shape[c0] <= 1) c0++;
-  size_t row = count / (size_t)shape[c0], per = dtl__chunk_bytes / es / (row ? row : 1);
+  size_t chunk = budget_chunk ? budget_chunk : dtl__chunk_bytes;
+  size_t row = count / (size_t)shape[c0], per = chunk / es / (row ? row : 1);
   if (per < 1) per = 1;
   if ((int64_t)per >= shape[c0]) return count;
   e->cdim = c0;
@@ -149,22 +170,66 @@ static bool dtl__chunk_all_to_all(dtl__ex_step *e, int nd, int i, int j, int g, 
   return true;
 }
 
-/* This rank's part of every step: its boxes, what it does, and how much temporary room that needs. */
-static void dtl__analyze(const dtl_plan *p, dtl__ex_step *ex) {
+/* A rank as a plan sees it: its mesh rank and coordinate in the source and the target mesh (-1 outside), and its
+ * local source and target elements. The plan's steps before an exchange run on the source mesh. */
+typedef struct {
+  int s, d;
+  int scoord[DTL_MAX_MESH_DIMS], dcoord[DTL_MAX_MESH_DIMS];
+  size_t a0, d0;
+} dtl__view;
+
+static void dtl__coord_of(const dtl_mesh *m, int r, int *c) {
+  for (int d = m->ndim - 1; d >= 0; d--) {
+    c[d] = r % m->shape[d];
+    r /= m->shape[d];
+  }
+}
+
+/* The rank that is source mesh rank s and target mesh rank d (-1: outside). */
+static void dtl__view_of(const dtl_plan *p, int s, int d, dtl__view *v) {
+  memset(v, 0, sizeof *v);
+  v->s = s;
+  v->d = d;
+  int64_t bs[DTL_MAX_TENSOR_DIMS], bo[DTL_MAX_TENSOR_DIMS];
+  if (s >= 0) {
+    dtl__coord_of(p->src.mesh, s, v->scoord);
+    dtl__local_box(p->src.mesh, p->src.ndim, p->src.shape, p->src.placements, v->scoord, bs, bo);
+    v->a0 = dtl__box_count(p->src.ndim, bs);
+  }
+  if (d >= 0) {
+    dtl__coord_of(p->dst.mesh, d, v->dcoord);
+    dtl__local_box(p->dst.mesh, p->dst.ndim, p->dst.shape, p->dst.placements, v->dcoord, bs, bo);
+    v->d0 = dtl__box_count(p->dst.ndim, bs);
+  }
+}
+
+/* Part of every step for rank v: its boxes, what it does, and how much temporary room that needs (an exchange's
+ * comes from its messages, dtl__exchange_messages). */
+static void dtl__analyze(const dtl_plan *p, const dtl__view *v, dtl__ex_step *ex) {
   const dtl_mesh *mesh = p->src.mesh;
   int nd = p->src.ndim;
   size_t es = dtl_dtype_size(p->src.dtype);
-  dtl_memory mem = mesh->comm ? mesh->comm->mem.ops->memory : DTL_MEMORY_HOST;
+  dtl_memory mem = dtl__mesh_mem(mesh)->ops->memory;
   bool displs = mesh->comm && mesh->comm->ops->all_to_allv_displs;
   for (int k = 0; k < p->nsteps; k++) {
     const dtl__plan_step *s = &p->steps[k];
     dtl__ex_step *e = &ex[k];
     memset(e, 0, sizeof *e);
+    e->peers[0].dim = e->peers[1].dim = -1;
+    if (s->kind == DTL__STEP_EXCHANGE) {
+      e->op = EX_EXCHANGE;
+      e->m = -1;
+      if (v->s >= 0) dtl__local_box(mesh, nd, p->src.shape, s->before, v->scoord, e->in_shape, e->in_off);
+      if (v->d >= 0) dtl__local_box(p->dst.mesh, nd, p->dst.shape, s->after, v->dcoord, e->out_shape, e->out_off);
+      e->a = v->s >= 0 ? dtl__box_count(nd, e->in_shape) : 0;
+      e->b = v->d >= 0 ? dtl__box_count(nd, e->out_shape) : 0;
+      continue;
+    }
     e->m = s->mesh_dim;
     e->g = mesh->shape[e->m];
-    e->peers[0].dim = e->peers[1].dim = -1;
-    dtl__local_box(mesh, nd, p->src.shape, s->before, mesh->coord, e->in_shape, e->in_off);
-    dtl__local_box(mesh, nd, p->src.shape, s->after, mesh->coord, e->out_shape, e->out_off);
+    if (v->s < 0) continue; /* outside the mesh these steps run on: nothing to do (EX_NONE, empty boxes) */
+    dtl__local_box(mesh, nd, p->src.shape, s->before, v->scoord, e->in_shape, e->in_off);
+    dtl__local_box(mesh, nd, p->src.shape, s->after, v->scoord, e->out_shape, e->out_off);
     e->a = dtl__box_count(nd, e->in_shape);
     e->b = dtl__box_count(nd, e->out_shape);
     dtl_placement from = s->before[e->m], to = s->after[e->m];
@@ -181,7 +246,7 @@ static void dtl__analyze(const dtl_plan *p, dtl__ex_step *ex) {
         /* Coordinate 0 keeps the value; elsewhere sum and prod take their identity so that the pending
          * reduction gives the value back. max/min/avg keep the value everywhere: the max, min or mean of p
          * equal values is that value (zeros would divide an avg by p, so avg is not lumped with sum here). */
-        e->op = (mesh->coord[e->m] == 0 || (to.op != DTL_SUM && to.op != DTL_PROD)) ? EX_NONE : EX_FILL;
+        e->op = (v->scoord[e->m] == 0 || (to.op != DTL_SUM && to.op != DTL_PROD)) ? EX_NONE : EX_FILL;
         e->rop = to.op;
         break;
       case DTL__STEP_ALL_REDUCE:
@@ -191,13 +256,13 @@ static void dtl__analyze(const dtl_plan *p, dtl__ex_step *ex) {
       case DTL__STEP_ALL_GATHER:
         e->op = EX_GATHER;
         e->unpack = !dtl__split_is_contiguous(nd, e->out_shape, from.dim);
-        e->t = e->unpack ? dtl__chunking(e, nd, e->out_shape, e->b, es, mem) : 0;
+        e->t = e->unpack ? dtl__chunking(e, nd, e->out_shape, e->b, es, mem, p->chunk_bytes) : 0;
         break;
       case DTL__STEP_REDUCE_SCATTER:
         e->op = EX_REDUCE_SCATTER;
         e->rop = from.op;
         e->pack = !dtl__split_is_contiguous(nd, e->in_shape, to.dim);
-        e->t = e->pack ? dtl__chunking(e, nd, e->in_shape, e->a, es, mem) : 0;
+        e->t = e->pack ? dtl__chunking(e, nd, e->in_shape, e->a, es, mem, p->chunk_bytes) : 0;
         break;
       case DTL__STEP_ALL_TO_ALL:
         e->op = EX_ALL_TO_ALL;
@@ -208,14 +273,105 @@ static void dtl__analyze(const dtl_plan *p, dtl__ex_step *ex) {
          * temporary and place it, so that one region of max(a, b) suffices. */
         e->t = e->pack && e->unpack ? (e->a > e->b ? e->a : e->b) : e->pack ? e->a : e->unpack ? e->b : 0;
         break;
+      case DTL__STEP_EXCHANGE: break; /* above */
     }
   }
+}
+
+static dtl__xmsg dtl__xmsg_of(int peer, bool run, int same, size_t count, size_t at, const int64_t *shape,
+                              const int64_t *off) {
+  dtl__xmsg m = {.peer = peer, .run = run, .same = same, .count = count, .at = at};
+  memcpy(m.shape, shape, sizeof m.shape);
+  memcpy(m.off, off, sizeof m.off);
+  return m;
+}
+
+/* The messages of exchange step e for rank v (xm set to the step's source placements): counts into x, and, when
+ * x->send / x->recv are allocated, the messages themselves. A message's peer is a rank of the exchange's
+ * communicator: the mesh rank on one mesh, the parent rank between two. */
+static void dtl__exchange_messages(const dtl_plan *p, const dtl__xmap *xm, const dtl__view *v, const dtl__ex_step *e,
+                                   dtl__xstep *x) {
+  int nd = p->src.ndim;
+  bool cross = p->src.mesh != p->dst.mesh, keep = x->send != NULL;
+  int ns = 0, nr = 0;
+  x->spack = x->rpack = x->rall = 0;
+  x->self = false;
+  x->fill = v->d >= 0 && dtl__xmap_fills(xm, v->d, &x->fill_op);
+  int64_t ts[DTL_MAX_TENSOR_DIMS], to[DTL_MAX_TENSOR_DIMS], is[DTL_MAX_TENSOR_DIMS], io[DTL_MAX_TENSOR_DIMS];
+  if (v->s >= 0 && e->a) {
+    /* Target ranks with one box (replicas) get the same piece: packed once, for the first of them (tmark). */
+    for (int t = 0; t < p->dst.mesh->size; t++) xm->tmark[t] = -1;
+    for (int t = 0; t < p->dst.mesh->size; t++) {
+      if (t == v->d || dtl__xmap_fills(xm, t, NULL)) continue;
+      dtl__xmap_dst_box(xm, t, ts, to);
+      if (!dtl__ex_intersect(nd, e->in_shape, e->in_off, ts, to, is, io) || dtl__xmap_holder(xm, t, v->s) != v->s) continue;
+      size_t n = dtl__box_count(nd, is), at = 0;
+      bool run = dtl__run_offset(nd, e->in_shape, e->in_off, is, io, &at);
+      int rep = dtl__xmap_box_rep(xm, t), same = xm->tmark[rep];
+      if (same < 0) xm->tmark[rep] = ns;
+      if (!run && same < 0) x->spack += n;
+      if (keep) x->send[ns] = dtl__xmsg_of(cross ? dtl__mesh_parent_rank(p->dst.mesh, t) : t, run, same, n, at, is, io);
+      ns++;
+    }
+  }
+  if (v->d >= 0 && e->b && !x->fill) {
+    for (int k = 0; k < xm->nclass; k++) {
+      int rep = xm->crep[k];
+      dtl__xmap_src_box(xm, rep, ts, to);
+      if (!dtl__ex_intersect(nd, e->out_shape, e->out_off, ts, to, is, io)) continue;
+      int h = dtl__xmap_holder(xm, v->d, rep);
+      if (h == v->s) {
+        x->self = true;
+        memcpy(x->self_shape, is, sizeof x->self_shape);
+        memcpy(x->self_off, io, sizeof x->self_off);
+        continue;
+      }
+      size_t n = dtl__box_count(nd, is), at = 0;
+      bool run = dtl__run_offset(nd, e->out_shape, e->out_off, is, io, &at);
+      x->rall += n;
+      if (!run) x->rpack += n;
+      if (keep) x->recv[nr] = dtl__xmsg_of(cross ? dtl__mesh_parent_rank(p->src.mesh, h) : h, run, -1, n, at, is, io);
+      nr++;
+    }
+  }
+  x->nsend = ns;
+  x->nrecv = nr;
+}
+
+/* Rows of the plan's round dim that a box of extent ext there takes in one round, at most. */
+static size_t dtl__round_part(const dtl_plan *p, const int64_t *shape, size_t count) {
+  if (p->xrounds <= 1 || count == 0) return count;
+  int64_t ext = shape[p->xdim], rows = ext < p->xrows ? ext : p->xrows;
+  return count / (size_t)ext * (size_t)rows;
+}
+
+/* The temporary of exchange step e in mode `mode`; false when the mode does not apply. In rounds, a round packs at
+ * most the rows of the round dim that it takes of this rank's input box (every piece lies in that box, so the
+ * pieces of one round together cannot exceed it), and likewise unpacks. */
+static bool dtl__exchange_temp(const dtl_plan *p, dtl__ex_step *e, int mode) {
+  dtl__xstep *x = e->x;
+  if (mode != DTL__X_APART && (p->xrounds > 1 || x->spack == 0 || x->rall == 0)) return false;
+  if (mode == DTL__X_SEND_IN_OUT && x->spack > e->b) return false;
+  size_t ts = x->spack, tr = x->rpack;
+  if (p->xrounds > 1) {
+    size_t rs = dtl__round_part(p, e->in_shape, e->a), rr = dtl__round_part(p, e->out_shape, e->b);
+    ts = ts < rs ? ts : rs;
+    tr = tr < rr ? tr : rr;
+  }
+  x->mode = mode;
+  x->tsend = mode == DTL__X_APART ? ts : 0;
+  e->t = mode == DTL__X_APART ? ts + tr : mode == DTL__X_SEND_IN_OUT ? x->rall : (x->spack > x->rall ? x->spack : x->rall);
+  return true;
 }
 
 /* Elements a step copies locally beyond its collective (staged: one more copy of its output). */
 static size_t dtl__step_copies(const dtl__ex_step *e, bool staged) {
   size_t c = staged ? e->b : 0;
   if (e->op == EX_SLICE || e->op == EX_FILL) c += e->b;
+  if (e->op == EX_EXCHANGE) { /* its packing, and the receives that the smaller modes move once more */
+    const dtl__xstep *x = e->x;
+    return c + x->spack + x->rpack + (x->mode == DTL__X_APART ? 0 : x->rall);
+  }
   if (e->pack) c += e->a;
   if (e->unpack) c += e->b * (e->pack && !e->crows ? 2 : 1);
   return c;
@@ -264,7 +420,9 @@ static void dtl__place_pass(const dtl__ex_step *ex, int n, int start, size_t dst
          * input rows) runs its chunks last to first and a reduce-scatter (shorter) first to last, so that each
          * chunk's output lands where no input is left to read; a chunked all-to-all cannot overlay. */
         bool chunk_ok = e->crows == 0 || e->op == EX_GATHER || e->op == EX_REDUCE_SCATTER;
-        bool over_input = staged || (t > 0 && chunk_ok) || e->op == EX_ALL_REDUCE || e->op == EX_FILL;
+        /* An exchange sends runs straight from its input, so only staging frees it. */
+        bool over_input = staged || (t > 0 && chunk_ok && e->op != EX_EXCHANGE) || e->op == EX_ALL_REDUCE ||
+                          e->op == EX_FILL;
         for (int out = AT_DST; out <= AT_SCR; out++) {
           if (out == in && !over_input) continue;
           for (int tmp = t ? AT_DST : AT_NONE; tmp <= (t ? AT_SCR : AT_NONE); tmp++) {
@@ -388,7 +546,99 @@ static void dtl__group_facts(dtl__ex_step *e) {
 }
 
 static bool dtl__ex_communicates(dtl__ex_op op) {
-  return op == EX_ALL_REDUCE || op == EX_GATHER || op == EX_REDUCE_SCATTER || op == EX_ALL_TO_ALL;
+  return op == EX_ALL_REDUCE || op == EX_GATHER || op == EX_REDUCE_SCATTER || op == EX_ALL_TO_ALL || op == EX_EXCHANGE;
+}
+
+/* Places rank v's steps for distinct buffers (place[0]) and, for a plan without collectives, for one buffer
+ * (place[1]); returns the larger scratch, in elements. An exchange (step xk, -1: none) takes the first of its modes
+ * whose scratch fits cap elements (the apart mode needs no extra copy), or the one that needs the least. */
+static size_t dtl__place_view(const dtl_plan *p, const dtl__view *v, dtl__ex_step *ex, int xk, bool local, size_t cap,
+                              dtl__ex_layout *place) {
+  int n = p->nsteps;
+  size_t a0 = v->a0, d0 = v->d0;
+  int best = -1;
+  size_t best_scr = SIZE_MAX;
+  for (int mode = DTL__X_APART; mode <= (xk >= 0 ? DTL__X_RECV_IN_OUT : DTL__X_APART); mode++) {
+    if (xk >= 0 && !dtl__exchange_temp(p, &ex[xk], mode)) continue;
+    dtl__place(ex, n, AT_SRC, d0, a0, d0, &place[0]);
+    if (place[0].scr < best_scr) {
+      best = mode;
+      best_scr = place[0].scr;
+    }
+    if (place[0].scr <= cap) break;
+  }
+  if (xk >= 0 && ex[xk].x->mode != best) {
+    dtl__exchange_temp(p, &ex[xk], best);
+    dtl__place(ex, n, AT_SRC, d0, a0, d0, &place[0]);
+  }
+  size_t scr = place[0].scr;
+  place[1] = place[0];
+  if (local) {
+    dtl__place(ex, n, AT_DST, a0 > d0 ? a0 : d0, a0, d0, &place[1]);
+    if (place[1].scr > scr) scr = place[1].scr;
+  }
+  return scr;
+}
+
+/* The plan's exchange step, -1 when it has none. */
+static int dtl__exchange_step(const dtl_plan *p) {
+  return p->nsteps > 0 && p->steps[p->nsteps - 1].kind == DTL__STEP_EXCHANGE ? p->nsteps - 1 : -1;
+}
+
+/* An exchange map with the plan's exchange step's source placements set. */
+static dtl_status dtl__plan_xmap(const char *fn, const dtl_plan *p, int xk, dtl__xmap *xm) {
+  DTL_TRY(dtl__xmap_init(xm, fn, &p->src, p->src.mesh, p->dst.mesh, p->dst.placements));
+  dtl__xmap_source(xm, p->steps[xk].before);
+  return DTL_OK;
+}
+
+/* The budget of rank v in elements: limit bytes, or its larger end. */
+static size_t dtl__cap(const dtl_plan *p, size_t limit, const dtl__view *v) {
+  return limit == SIZE_MAX ? (v->a0 > v->d0 ? v->a0 : v->d0) : limit / dtl_dtype_size(p->src.dtype);
+}
+
+dtl_status dtl__plan_fits(const char *fn, const dtl_plan *p, size_t limit, bool *fits, size_t *worst) {
+  int n = p->nsteps, xk = dtl__exchange_step(p);
+  const dtl_mesh *sm = p->src.mesh, *dm = p->dst.mesh;
+  size_t es = dtl_dtype_size(p->src.dtype);
+  dtl__ex_step *ex = dtl__malloc(sizeof *ex * (size_t)(n ? n : 1));
+  if (!ex) return dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory");
+  dtl__xmap xm;
+  dtl__xstep xs;
+  memset(&xs, 0, sizeof xs);
+  if (xk >= 0) {
+    dtl_status st = dtl__plan_xmap(fn, p, xk, &xm);
+    if (st != DTL_OK) {
+      dtl__free(ex);
+      return st;
+    }
+  }
+  /* Every rank of either mesh: the source mesh's ranks (with their target rank, if any), then the target mesh's
+   * ranks outside the source mesh. */
+  *fits = true;
+  *worst = 0;
+  for (int i = 0; i < sm->size + (sm != dm ? dm->size : 0); i++) {
+    int r = i < sm->size ? i : -1, q = i < sm->size ? (sm == dm ? i : -1) : i - sm->size;
+    if (sm != dm && r >= 0) q = dtl__xmap_s2d(&xm, r);
+    if (sm != dm && r < 0 && dtl__xmap_d2s(&xm, q) >= 0) continue; /* counted with its source rank */
+    dtl__view v;
+    dtl__view_of(p, r, q, &v);
+    dtl__analyze(p, &v, ex);
+    bool local = true;
+    for (int k = 0; k < n; k++) local &= !dtl__ex_communicates(ex[k].op);
+    if (xk >= 0) {
+      ex[xk].x = &xs;
+      dtl__exchange_messages(p, &xm, &v, &ex[xk], &xs);
+    }
+    dtl__ex_layout place[2];
+    size_t cap = dtl__cap(p, limit, &v);
+    dtl__place_view(p, &v, ex, xk, local, cap, place);
+    if (place[0].scr > cap) *fits = false;
+    if (place[0].scr * es > *worst) *worst = place[0].scr * es;
+  }
+  if (xk >= 0) dtl__xmap_free(&xm);
+  dtl__free(ex);
+  return DTL_OK;
 }
 
 /* Compiles p (whose exec must be NULL) and sets p->scratch_bytes. That figure is exact: the scratch that an execution
@@ -406,43 +656,104 @@ static bool dtl__ex_communicates(dtl__ex_op op) {
 dtl_status dtl__plan_compile(const char *fn, dtl_plan *p) {
   DTL_TRY(dtl__plan_check(fn, p));
   const dtl_mesh *mesh = p->src.mesh;
-  int n = p->nsteps, gmax = 1;
+  int n = p->nsteps, gmax = 1, xk = dtl__exchange_step(p);
+  dtl__view v;
+  dtl__view_of(p, dtl__mesh_index(mesh), dtl__mesh_index(p->dst.mesh), &v);
   size_t words = 0; /* peer tables: two sides of extents, offsets and counts per collective that has peers */
-  for (int k = 0; k < n; k++) {
-    int g = mesh->shape[p->steps[k].mesh_dim];
+  for (int k = 0; k < n && v.s >= 0; k++) {
     dtl__step_kind kind = p->steps[k].kind;
+    if (kind == DTL__STEP_EXCHANGE) continue;
+    int g = mesh->shape[p->steps[k].mesh_dim];
     if (g == 1 || kind == DTL__STEP_LOCAL_SLICE || kind == DTL__STEP_LOCAL_PARTIAL) continue;
     if (g > gmax) gmax = g;
     if (kind != DTL__STEP_ALL_REDUCE) words += 6 * (size_t)g;
   }
+  /* The exchange's messages: counted first, then kept after the peer tables. */
+  dtl__xmap xm;
+  dtl__xstep xs;
+  memset(&xs, 0, sizeof xs);
+  if (xk >= 0) DTL_TRY(dtl__plan_xmap(fn, p, xk, &xm));
+  dtl__ex_step *ex0 = NULL;
+  if (xk >= 0) {
+    if (!(ex0 = dtl__malloc(sizeof *ex0 * (size_t)n))) {
+      dtl__xmap_free(&xm);
+      return dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory for the compiled plan");
+    }
+    dtl__analyze(p, &v, ex0);
+    dtl__exchange_messages(p, &xm, &v, &ex0[xk], &xs);
+  }
+  int nmsg = xs.nsend + xs.nrecv, nlist = xs.nsend > xs.nrecv ? xs.nsend : xs.nrecv;
+  /* Between two meshes, the parent ranks of both (ascending), which the DTL_CHECK agreement runs among. */
+  bool cross = mesh != p->dst.mesh;
+  int ngroup = 0, np = cross ? mesh->parent->size : 0;
+  unsigned char *in_group = cross ? dtl__calloc((size_t)np, 1) : NULL;
+  if (cross && !in_group) {
+    dtl__free(ex0);
+    dtl__xmap_free(&xm);
+    return dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory for the compiled plan");
+  }
+  for (int r = 0; cross && r < mesh->size; r++) in_group[dtl__mesh_parent_rank(mesh, r)] = 1;
+  for (int r = 0; cross && r < p->dst.mesh->size; r++) in_group[dtl__mesh_parent_rank(p->dst.mesh, r)] = 1;
+  for (int r = 0; r < np; r++) ngroup += in_group[r];
   size_t head = sizeof(struct dtl__plan_exec) + sizeof(dtl__ex_step) * (size_t)n;
   head = (head + sizeof(int64_t) - 1) / sizeof(int64_t) * sizeof(int64_t);
-  struct dtl__plan_exec *x = dtl__malloc(head + (5 * (size_t)gmax + words) * sizeof(int64_t));
-  if (!x) return dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory for the compiled plan");
-  dtl__analyze(p, x->ex);
+  size_t tail = (5 * (size_t)gmax + words) * sizeof(int64_t);
+  size_t xbytes = xk >= 0 ? sizeof(dtl__xstep) + sizeof(dtl__xmsg) * (size_t)nmsg +
+                                (4 * sizeof(int) + 2 * sizeof(void *) + 2 * sizeof(size_t)) * (size_t)nlist
+                          : 0;
+  struct dtl__plan_exec *x = dtl__malloc(head + tail + xbytes + sizeof(int) * (size_t)ngroup);
+  if (!x) {
+    dtl__free(ex0);
+    dtl__free(in_group);
+    if (xk >= 0) dtl__xmap_free(&xm);
+    return dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory for the compiled plan");
+  }
+  x->group = (int *)((char *)x + head + tail + xbytes);
+  x->ngroup = 0;
+  for (int r = 0; r < np; r++)
+    if (in_group[r]) x->group[x->ngroup++] = r;
+  dtl__free(in_group);
+  dtl__analyze(p, &v, x->ex);
+  dtl__free(ex0);
   x->comm_steps = 0;
   x->gmax = gmax;
+  x->req = NULL;
   x->own = NULL;
   x->own_bytes = 0;
   x->counts = (size_t *)((char *)x + head);
   int64_t *w = (int64_t *)(x->counts + 5 * (size_t)gmax);
+  if (xk >= 0) {
+    dtl__xstep *xp = (dtl__xstep *)((char *)x + head + tail);
+    *xp = xs;
+    char *at = (char *)(xp + 1);
+    xp->send = (dtl__xmsg *)at;
+    xp->recv = xp->send + xs.nsend;
+    at = (char *)(xp->recv + xs.nrecv);
+    xp->bufs_s = (const void **)at;
+    xp->bufs_r = (void **)(xp->bufs_s + nlist);
+    xp->cnt_s = (size_t *)(xp->bufs_r + nlist);
+    xp->cnt_r = xp->cnt_s + nlist;
+    xp->peers_s = (int *)(xp->cnt_r + nlist);
+    xp->peers_r = xp->peers_s + nlist;
+    xp->spos = xp->peers_r + nlist;
+    x->ex[xk].x = xp;
+    dtl__exchange_messages(p, &xm, &v, &x->ex[xk], xp);
+    xp->cross = cross;
+    xp->xdim = p->xdim;
+    xp->xrows = p->xrows;
+    xp->xrounds = p->xrounds;
+    dtl__xmap_free(&xm);
+  }
   for (int k = 0; k < n; k++) {
     dtl__ex_step *e = &x->ex[k];
     if (!dtl__ex_communicates(e->op)) continue;
     x->comm_steps++;
-    if (e->op == EX_ALL_REDUCE) continue;
+    if (e->op == EX_ALL_REDUCE || e->op == EX_EXCHANGE) continue;
     for (int side = 0; side < 2; side++, w += 3 * (size_t)e->g)
       dtl__peer_table(p, &p->steps[k], e, side, w, w + e->g, (size_t *)(w + 2 * (size_t)e->g));
     dtl__group_facts(e);
   }
-  size_t a0 = p->src.local_count, d0 = p->dst.local_count;
-  dtl__place(x->ex, n, AT_SRC, d0, a0, d0, &x->place[0]);
-  size_t scr = x->place[0].scr;
-  x->place[1] = x->place[0];
-  if (x->comm_steps == 0) {
-    dtl__place(x->ex, n, AT_DST, a0 > d0 ? a0 : d0, a0, d0, &x->place[1]);
-    if (x->place[1].scr > scr) scr = x->place[1].scr;
-  }
+  size_t scr = dtl__place_view(p, &v, x->ex, xk, x->comm_steps == 0, dtl__cap(p, p->limit, &v), x->place);
   if (x->place[0].final_at == AT_NONE || x->place[1].final_at == AT_NONE) {
     dtl__free(x); /* cannot happen: staging every step in SCR is always a placement */
     return dtl__error_fn(DTL_ERR_INTERNAL, fn, "found no placement of the plan's %d steps in the buffers", n);

@@ -151,6 +151,7 @@ static void dtl__volume_scalar(dtl__step_kind kind, int p, uint64_t A, uint64_t 
       break;
     case DTL__STEP_LOCAL_SLICE: charged = rest * b; break;
     case DTL__STEP_LOCAL_PARTIAL: charged = rest; break;
+    case DTL__STEP_EXCHANGE: break; /* priced from its map (dtl__exchange_cost_ps) */
   }
   v->send = send * es;
   v->recv = recv * es;
@@ -267,6 +268,19 @@ int dtl__step_rounds(dtl__step_kind kind, int p) {
   }
 }
 
+/* Seconds to whole picoseconds, saturating at DTL__STEP_COST_CAP_PS so that no sum the search forms overflows. */
+static int64_t dtl__ps(double s) {
+  double ps = s * 1e12;
+  return ps >= (double)DTL__STEP_COST_CAP_PS ? DTL__STEP_COST_CAP_PS : (int64_t)llround(ps);
+}
+
+int64_t dtl__exchange_cost_ps(const dtl_cost_model *c, const dtl__xvolume *max, int rounds) {
+  int peers = max->send_peers > max->recv_peers ? max->send_peers : max->recv_peers;
+  if (peers == 0) return dtl__ps((double)max->self * c->local_beta_s_per_byte);
+  uint64_t bytes = max->send > max->recv ? max->send : max->recv;
+  return dtl__ps((double)rounds * (peers + 1) * c->alpha_s + (double)bytes * c->beta_s_per_byte);
+}
+
 int64_t dtl__step_cost_ps(const dtl_cost_model *c, dtl__step_kind kind, int p, const dtl__step_volume *max) {
   bool local = kind == DTL__STEP_LOCAL_SLICE || kind == DTL__STEP_LOCAL_PARTIAL;
   /* A collective pays alpha per ring round plus alpha once for the call itself (entry, launch, the
@@ -275,6 +289,5 @@ int64_t dtl__step_cost_ps(const dtl_cost_model *c, dtl__step_kind kind, int p, c
    * of bytes; with it, the hierarchical form wins only once the bytes it saves outweigh one more call. */
   double s = local ? (double)max->charged * c->local_beta_s_per_byte
                    : (dtl__step_rounds(kind, p) + 1) * c->alpha_s + (double)max->charged * c->beta_s_per_byte;
-  double ps = s * 1e12;
-  return ps >= (double)DTL__STEP_COST_CAP_PS ? DTL__STEP_COST_CAP_PS : (int64_t)llround(ps);
+  return dtl__ps(s);
 }

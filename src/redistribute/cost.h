@@ -6,7 +6,7 @@
 #ifndef DTL_REDISTRIBUTE_COST_H
 #define DTL_REDISTRIBUTE_COST_H
 
-#include "redistribute/plan_internal.h"
+#include "redistribute/xmap.h"
 
 #define DTL__COST_ALL (DTL_COST_ALPHA | DTL_COST_BETA | DTL_COST_LOCAL_BETA)
 
@@ -43,5 +43,10 @@ _Static_assert(DTL__MAX_PLAN_STEPS + DTL_MAX_MESH_DIMS <= 32, "search sums must 
  * in whole picoseconds so that the search compares exact integers and breaks ties the same way on every
  * rank; at most DTL__STEP_COST_CAP_PS. */
 int64_t dtl__step_cost_ps(const dtl_cost_model *c, dtl__step_kind kind, int p, const dtl__step_volume *max);
+/* An exchange from the maximum over the ranks of its volume (dtl__xmap_volume_max), in rounds: point to point,
+ * each rank pays alpha per peer it sends to or receives from (the larger count) plus alpha once for the call, in
+ * every round, and beta per byte of the larger of what it sends and receives. When no rank moves anything to
+ * another, only the local copies are charged (local_beta), like a local step. Same rounding as above. */
+int64_t dtl__exchange_cost_ps(const dtl_cost_model *c, const dtl__xvolume *max, int rounds);
 
 #endif

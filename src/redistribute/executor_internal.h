@@ -12,7 +12,16 @@
 
 /* What one step does on this rank. Local steps that leave this rank's values as they are, and every step on
  * a mesh dim of size 1, become EX_NONE: the data stays where it is (no copy). */
-typedef enum { EX_NONE, EX_FILL, EX_SLICE, EX_ALL_REDUCE, EX_GATHER, EX_REDUCE_SCATTER, EX_ALL_TO_ALL } dtl__ex_op;
+typedef enum {
+  EX_NONE,
+  EX_FILL,
+  EX_SLICE,
+  EX_ALL_REDUCE,
+  EX_GATHER,
+  EX_REDUCE_SCATTER,
+  EX_ALL_TO_ALL,
+  EX_EXCHANGE
+} dtl__ex_op;
 
 /* Places a shard can live in. SRC is read-only; DST and SCR hold a data region at offset 0 and, during a
  * step, a temporary region right after it. */
@@ -27,8 +36,50 @@ typedef struct {
   const size_t *count;      /* [g]: each peer's element count */
 } dtl__ex_peers;
 
+/* One message of an exchange, with peer (a rank of the exchange's communicator): the global box it carries, and
+ * whether that box is one contiguous run of this rank's box on its side (at element offset at), so that it moves in
+ * place. */
+typedef struct {
+  int peer;
+  bool run;
+  int same; /* a send that carries the same box as the earlier send `same` (replicated targets): sent from its
+               buffer, packed once; -1 otherwise */
+  size_t count, at;
+  int64_t shape[DTL_MAX_TENSOR_DIMS], off[DTL_MAX_TENSOR_DIMS];
+} dtl__xmsg;
+
+/* Where an exchange keeps the pieces that are no runs. APART: sends packed in a send region at the start of the
+ * temporary, receives in a region after it. SEND_IN_OUT (one round): sends packed at the start of the output,
+ * which is free until the exchange completes, and every receive in the temporary. RECV_IN_OUT (one round): every
+ * receive lands packed in the output, then moves to the temporary (free again once the sends are done) to be
+ * placed. The last two trade a copy for a smaller temporary, for scratch budgets. */
+enum { DTL__X_APART, DTL__X_SEND_IN_OUT, DTL__X_RECV_IN_OUT };
+
+/* What an exchange step does on this rank (compile.c derives it, exchange.c runs it). */
+typedef struct {
+  dtl__xmsg *send, *recv;
+  int nsend, nrecv;
+  bool self; /* copies its own piece (self_shape at self_off, global) from its input box into its output box */
+  int64_t self_shape[DTL_MAX_TENSOR_DIMS], self_off[DTL_MAX_TENSOR_DIMS];
+  bool fill; /* holds the identity of a Partial target (fill_op) instead of data, so it receives nothing */
+  dtl_reduce_op fill_op;
+  size_t spack, rpack, rall; /* elements: of distinct sends that are packed, of receives that are unpacked, of all
+                                receives */
+  int mode;
+  size_t tsend;              /* elements of the send region (APART) */
+  bool cross;                /* runs on the parent of two meshes, else on the mesh communicator */
+  int xdim, xrounds;         /* rounds of xrows indices of tensor dim xdim (the plan's) */
+  int64_t xrows;
+  /* The transport's lists of one round, sized for every message. */
+  int *peers_s, *peers_r, *spos; /* spos: each send's place in the round's list (-1: not in this round) */
+  const void **bufs_s;
+  void **bufs_r;
+  size_t *cnt_s, *cnt_r;
+} dtl__xstep;
+
 typedef struct {
   dtl__ex_op op;
+  dtl__xstep *x;     /* EX_EXCHANGE */
   int m, g;          /* mesh dim and its size */
   dtl_reduce_op rop; /* all-reduce and reduce-scatter: the reduction; fill: the op whose identity it writes */
   size_t a, b;       /* elements of this rank's box before / after the step */
@@ -73,11 +124,16 @@ struct dtl__plan_exec {
    * collectives allows (comm_steps == 0; otherwise [1] is unused). */
   dtl__ex_layout place[2];
   int comm_steps;  /* steps that communicate on this mesh (a mesh dim of size 1 never does) */
+  /* A plan between two meshes: the parent ranks of both, ascending, which its DTL_CHECK agreement runs among. */
+  int *group;
+  int ngroup;
   size_t ws_bytes; /* the larger scratch of the two placements, in bytes */
   int gmax;        /* the largest group of a communicating step */
   /* 5 x gmax per-peer counts and displacements that the runners fill chunk by chunk. A plan runs one call at a
    * time (like every call on one mesh), so one set serves every call. */
   size_t *counts;
+  /* The one nonblocking execution a plan can have in flight (dtl_plan_execute_async); its request is this. */
+  struct dtl__plan_request *req;
   /* The plan's own workspace in the mesh communicator's memory (allocated by its first execution that needs
    * scratch, grown at most once more; never by dtl_plan_execute_with_workspace) and the memory it came from
    * (a copy: the mesh may be half torn down when its cached plans are destroyed). */
@@ -99,6 +155,17 @@ typedef struct {
 /* Runs compiled step e on the mesh dim's communicator c: reads in, writes out, may use tmp (e->t elements). */
 dtl_status dtl__ex_run_step(const dtl__ex_ctx *x, const dtl__ex_step *e, dtl_comm *c, const void *in, void *out,
                             void *tmp);
+/* The exchange runner (exchange.c): on c, the meshes' communicator or their parent. Blocking, and in the parts that
+ * a nonblocking execution runs apart: begin (the own piece or fill, in the apart mode), each round (started; with
+ * req NULL also completed and placed, else *req is the transport's request of the round, or NULL when this rank
+ * moves nothing in it), the placing of a completed round, and end (the own piece or fill, in the other modes). */
+dtl_status dtl__ex_run_exchange(const dtl__ex_ctx *x, const dtl__ex_step *e, dtl_comm *c, const void *in, void *out,
+                                void *tmp);
+dtl_status dtl__xchg_begin(const dtl__ex_ctx *x, const dtl__ex_step *e, dtl_comm *c, const void *in, void *out);
+dtl_status dtl__xchg_round(const dtl__ex_ctx *x, const dtl__ex_step *e, dtl_comm *c, int r, const void *in, void *out,
+                           void *tmp, dtl_request **req);
+dtl_status dtl__xchg_round_done(const dtl__ex_ctx *x, const dtl__ex_step *e, dtl_comm *c, int r, void *out, void *tmp);
+dtl_status dtl__xchg_end(const dtl__ex_ctx *x, const dtl__ex_step *e, dtl_comm *c, const void *in, void *out);
 /* The all-to-all runner (all_to_all.c). */
 dtl_status dtl__ex_run_all_to_all(const dtl__ex_ctx *x, const dtl__ex_step *e, dtl_comm *c, const void *in, void *out,
                                   void *tmp);
@@ -143,6 +210,9 @@ dtl_status dtl__ex_exchange_displs(dtl_comm *c, const void *send, const size_t *
 int dtl__ex_own_block(dtl_comm *c, bool scattered, const void *in, const void *out);
 /* Drops block self (-1: none) from counts and sets the displacements of the others back to back in peer order. */
 void dtl__ex_packed_displs(int g, size_t *counts, size_t *displs, int self);
+/* Element offset of piece (ps, po) in the row-major box (bs, bo) when the piece is one contiguous run of it; false
+ * when not. */
+bool dtl__run_offset(int nd, const int64_t *bs, const int64_t *bo, const int64_t *ps, const int64_t *po, size_t *offset);
 /* Copies the part of the step's input box that its output box keeps from the input to the output. */
 dtl_status dtl__ex_copy_own(const dtl__ex_ctx *x, const dtl__ex_step *e, dtl_comm *c, const void *in, void *out);
 

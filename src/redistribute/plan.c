@@ -27,13 +27,15 @@ const char *dtl__plan_step_name(dtl__step_kind k) {
     case DTL__STEP_ALL_TO_ALL: return "all-to-all";
     case DTL__STEP_LOCAL_SLICE: return "local slice";
     case DTL__STEP_LOCAL_PARTIAL: return "local partial";
+    case DTL__STEP_EXCHANGE: return "exchange";
   }
   return "?";
 }
 
-static bool dtl__step_communicates(dtl__step_kind k) {
+static bool dtl__step_communicates(const dtl__plan_step *s) {
+  dtl__step_kind k = s->kind;
   return k == DTL__STEP_ALL_GATHER || k == DTL__STEP_ALL_REDUCE || k == DTL__STEP_REDUCE_SCATTER ||
-         k == DTL__STEP_ALL_TO_ALL;
+         k == DTL__STEP_ALL_TO_ALL || (k == DTL__STEP_EXCHANGE && s->peers > 0);
 }
 
 static void dtl__bytes_text(uint64_t b, char *buf, size_t cap) {
@@ -63,21 +65,45 @@ static void dtl__say_placements(char *b, size_t *o, const dtl_placement *p, int 
 }
 
 /* Renders p into b (DTL__EXPLAIN_MAX bytes); returns the length. */
+static void dtl__say_mesh(char *b, size_t *o, const dtl_mesh *m) {
+  for (int d = 0; d < m->ndim; d++) dtl__say(b, o, d ? "x%d" : "%d", m->shape[d]);
+}
+
+static void dtl__say_coord(char *b, size_t *o, const dtl_mesh *m) {
+  if (!m->member) {
+    dtl__say(b, o, "outside");
+    return;
+  }
+  dtl__say(b, o, "[");
+  for (int d = 0; d < m->ndim; d++) dtl__say(b, o, d ? ",%d" : "%d", m->coord[d]);
+  dtl__say(b, o, "]");
+}
+
+/* Renders p into b (DTL__EXPLAIN_MAX bytes); returns the length. */
 static size_t dtl__explain_render(const dtl_plan *p, char *b) {
   size_t o = 0;
-  const dtl_mesh *mesh = p->src.mesh;
+  const dtl_mesh *mesh = p->src.mesh, *dmesh = p->dst.mesh;
   int M = mesh->ndim;
+  bool cross = mesh != dmesh;
   dtl__say(b, &o, "plan ");
   dtl__say_placements(b, &o, p->src.placements, M);
   dtl__say(b, &o, " -> ");
-  dtl__say_placements(b, &o, p->dst.placements, M);
+  dtl__say_placements(b, &o, p->dst.placements, dmesh->ndim);
   dtl__say(b, &o, "  mesh ");
-  for (int m = 0; m < M; m++) dtl__say(b, &o, m ? "x%d" : "%d", mesh->shape[m]);
+  dtl__say_mesh(b, &o, mesh);
+  if (cross) {
+    dtl__say(b, &o, " -> mesh ");
+    dtl__say_mesh(b, &o, dmesh);
+  }
   dtl__say(b, &o, "  shape [");
   for (int d = 0; d < p->src.ndim; d++) dtl__say(b, &o, d ? ",%lld" : "%lld", (long long)p->src.shape[d]);
-  dtl__say(b, &o, "] %s  (coordinate [", dtl_dtype_name(p->src.dtype));
-  for (int m = 0; m < M; m++) dtl__say(b, &o, m ? ",%d" : "%d", mesh->coord[m]);
-  dtl__say(b, &o, "])\n");
+  dtl__say(b, &o, "] %s  (coordinate ", dtl_dtype_name(p->src.dtype));
+  dtl__say_coord(b, &o, mesh);
+  if (cross) {
+    dtl__say(b, &o, " -> ");
+    dtl__say_coord(b, &o, dmesh);
+  }
+  dtl__say(b, &o, ")\n");
   dtl__say(b, &o, "cost model  alpha %g s  beta %g s/B  local_beta %g s/B\n", p->cost.alpha_s, p->cost.beta_s_per_byte,
            p->cost.local_beta_s_per_byte);
   for (int k = 0; k < p->nsteps; k++) {
@@ -85,6 +111,19 @@ static size_t dtl__explain_render(const dtl_plan *p, char *b) {
     int m = st->mesh_dim;
     char tr[40], dims[32], snd[24], rcv[24], est[24];
     char from[16], to[16];
+    dtl__bytes_text(st->send_bytes, snd, sizeof snd);
+    dtl__bytes_text(st->recv_bytes, rcv, sizeof rcv);
+    dtl__time_text(st->cost_s, est, sizeof est);
+    if (st->kind == DTL__STEP_EXCHANGE) {
+      char a[DTL_MAX_MESH_DIMS * 16], z[DTL_MAX_MESH_DIMS * 16], rounds[32] = "";
+      if (dtl_placements_format(st->before, M, a, sizeof a) != DTL_OK) snprintf(a, sizeof a, "?");
+      if (dtl_placements_format(st->after, dmesh->ndim, z, sizeof z) != DTL_OK) snprintf(z, sizeof z, "?");
+      if (p->xrounds > 1) snprintf(rounds, sizeof rounds, "  in %d rounds", p->xrounds);
+      if (st->peers == 0) snprintf(rounds, sizeof rounds, "  (local copies only)");
+      dtl__say(b, &o, "step %-2d %-11s %-15s %s->%s  send %-10s  recv %-10s  est %s%s\n", k + 1,
+               cross ? "two meshes" : "mesh dims *", dtl__plan_step_name(st->kind), a, z, snd, rcv, est, rounds);
+      continue;
+    }
     if (dtl_placements_format(&st->before[m], 1, from, sizeof from) != DTL_OK) snprintf(from, sizeof from, "?");
     if (dtl_placements_format(&st->after[m], 1, to, sizeof to) != DTL_OK) snprintf(to, sizeof to, "?");
     snprintf(tr, sizeof tr, "%s->%s", from, to);
@@ -93,9 +132,6 @@ static size_t dtl__explain_render(const dtl_plan *p, char *b) {
     else if (a.kind == DTL_SHARD) snprintf(dims, sizeof dims, "tensor dim %d", a.dim);
     else if (z.kind == DTL_SHARD) snprintf(dims, sizeof dims, "tensor dim %d", z.dim);
     else snprintf(dims, sizeof dims, "whole shard");
-    dtl__bytes_text(st->send_bytes, snd, sizeof snd);
-    dtl__bytes_text(st->recv_bytes, rcv, sizeof rcv);
-    dtl__time_text(st->cost_s, est, sizeof est);
     dtl__say(b, &o, "step %-2d mesh dim %d  %-15s %-11s %-17s send %-10s  recv %-10s  est %s\n", k + 1, m,
              dtl__plan_step_name(st->kind), tr, dims, snd, rcv, est);
   }
@@ -137,13 +173,28 @@ int dtl_plan_num_steps(const dtl_plan *p) { return p ? p->nsteps : -1; }
 int dtl_plan_num_collectives(const dtl_plan *p) {
   if (!p) return -1;
   int n = 0;
-  for (int k = 0; k < p->nsteps; k++) n += dtl__step_communicates(p->steps[k].kind);
+  for (int k = 0; k < p->nsteps; k++) n += dtl__step_communicates(&p->steps[k]);
   return n;
 }
 
 double dtl_plan_cost(const dtl_plan *p) { return p ? p->total_cost_s : -1.0; }
 
 size_t dtl_plan_scratch_bytes(const dtl_plan *p) { return p ? p->scratch_bytes : 0; }
+
+dtl_status dtl_plan_bytes(const dtl_plan *p, uint64_t *sent, uint64_t *received) {
+  static const char fn[] = "dtl_plan_bytes";
+  DTL_CHECK_ARG(p != NULL, fn, "plan=NULL");
+  DTL_CHECK_ARG(sent != NULL, fn, "sent=NULL");
+  DTL_CHECK_ARG(received != NULL, fn, "received=NULL");
+  uint64_t s = 0, r = 0;
+  for (int k = 0; k < p->nsteps; k++) {
+    s += p->steps[k].send_bytes;
+    r += p->steps[k].recv_bytes;
+  }
+  *sent = s;
+  *received = r;
+  return DTL_OK;
+}
 
 void dtl_plan_destroy(dtl_plan *p) {
   dtl__plan_release(p);

@@ -16,14 +16,17 @@ typedef enum {
   DTL__STEP_LOCAL_SLICE,    /* R -> S(i), no communication */
   DTL__STEP_LOCAL_PARTIAL,  /* R -> P(op), no communication: coordinate 0 keeps the value, the others get the
                                identity of op (sum: 0, prod: 1); max/min/avg keep the value everywhere */
+  DTL__STEP_EXCHANGE,       /* any layout without pending Partials -> the target layout (on any mesh dims, and on
+                               another mesh of the same parent): every rank sends exactly the boxes others need
+                               (xmap.h) point to point; a Partial target's identity coordinates fill instead */
 } dtl__step_kind;
 
-/* 6 step kinds plus a sentinel; the longest plan changes each mesh dim a bounded number of times. */
+/* The longest plan changes each mesh dim a bounded number of times; an exchange is always the last step. */
 #define DTL__MAX_PLAN_STEPS (4 * DTL_MAX_MESH_DIMS)
 
 typedef struct {
   dtl__step_kind kind;
-  int mesh_dim;
+  int mesh_dim; /* -1 for an exchange, which may change every mesh dim (and the mesh) */
   /* The full placement vectors before and after the step (they differ on mesh_dim only). Mesh dims of
    * size 1 never get a step; in every vector they carry dst's placement (a split in 1 changes no box). */
   dtl_placement before[DTL_MAX_MESH_DIMS], after[DTL_MAX_MESH_DIMS];
@@ -31,11 +34,25 @@ typedef struct {
    * (from the maximum over all ranks, so equal on every rank). */
   uint64_t send_bytes, recv_bytes;
   double cost_s;
+  /* An exchange: the most peers any rank sends to or receives from; 0 when it only copies locally on every rank
+   * (it then counts as no collective). */
+  int peers;
 } dtl__plan_step;
 
 struct dtl_plan {
-  dtl_layout src, dst; /* copies: a plan outlives the layouts it was made from, not their mesh */
+  /* Copies: a plan outlives the layouts it was made from, not their meshes. The meshes differ for a plan between
+   * two meshes of one parent (its steps before the exchange run on src's mesh). */
+  dtl_layout src, dst;
   dtl_cost_model cost; /* resolved: every field set */
+  /* An exchange step moves its pieces in this many rounds of at most xrows indices of tensor dim xdim each (the
+   * outermost dim of the global shape with extent > 1), so that its pack and receive regions shrink to fit a
+   * scratch limit; 1 round (xrows = the dim's extent) moves everything at once. */
+  int xrounds, xdim;
+  int64_t xrows;
+  /* The scratch budget the plan was made for: bytes on every rank, or SIZE_MAX for each rank's larger local end;
+   * and, to meet it, the bytes of one chunk of the pack or unpack pass of a gather or reduce-scatter, on any memory
+   * (0: the executor's own chunking, host memory only). */
+  size_t limit, chunk_bytes;
   int nsteps;
   dtl__plan_step steps[DTL__MAX_PLAN_STEPS];
   double total_cost_s;
@@ -45,15 +62,27 @@ struct dtl_plan {
   struct dtl__plan_exec *exec;
 };
 
-/* "all-gather", "all-reduce", "reduce-scatter", "all-to-all", "local slice", "local partial" (plan.c): the
- * names explain prints, for every message that names a step. */
+/* "all-gather", "all-reduce", "reduce-scatter", "all-to-all", "local slice", "local partial", "exchange"
+ * (plan.c): the names explain prints, for every message that names a step. */
 const char *dtl__plan_step_name(dtl__step_kind k);
+
+/* dtl_plan_create and its variants: the cost model over (NULL: defaults), the scratch budget limit (bytes on every
+ * rank; SIZE_MAX: each rank's larger local end). Tests pass a limit no plan reaches to get the cheapest route. */
+dtl_status dtl__plan_create(const char *fn, const dtl_layout *src, const dtl_layout *dst, const dtl_cost_model *over,
+                            size_t limit, dtl_plan **out);
+/* The planner's checks of a (src, dst) pair: both given, dtype and global shape equal, one mesh or two meshes of
+ * one parent. */
+dtl_status dtl__plan_check_pair(const char *fn, const dtl_layout *src, const dtl_layout *dst);
 
 /* Implemented by the executor, called by the planner as the last step of dtl_plan_create (and by tests on
  * hand-built plans, whose exec must be NULL): checks that the steps chain legally (DTL_ERR_INTERNAL or
  * DTL_ERR_UNSUPPORTED naming fn and the step otherwise: such a plan is never returned), derives everything an
  * execution needs on this rank, and sets p->scratch_bytes. */
 dtl_status dtl__plan_compile(const char *fn, struct dtl_plan *p);
+/* Whether every rank of the plan (both meshes) would run it within its scratch budget: limit bytes, or (SIZE_MAX)
+ * the larger of that rank's local source and target bytes; *worst gets the largest scratch of any rank, in bytes.
+ * Pure: computed for every rank from the global shapes, so every rank gets the same answer. */
+dtl_status dtl__plan_fits(const char *fn, const dtl_plan *p, size_t limit, bool *fits, size_t *worst);
 /* dtl_plan_execute (own: the plan's workspace) and dtl_plan_execute_with_workspace (ws, ws_bytes: the caller's),
  * with fn naming the entry point in messages. */
 dtl_status dtl__plan_run(const char *fn, const struct dtl_plan *p, const void *src_local, void *dst_local, bool own,

@@ -1,12 +1,14 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The planner: the rules that say which single-mesh-dim steps are legal, and an A* search (Dijkstra with
  * a consistent lower bound) over placement vectors for the cheapest legal sequence of steps from a source
- * to a target layout. Plan creation is pure (no communication) and deterministic: every rank derives the
- * same steps from the same layouts. */
+ * to a target layout, where an exchange step (xmap.h) may also finish the route in one step from a state without
+ * Partials. Plan creation is pure (no communication) and deterministic: every rank derives the same steps from the
+ * same layouts. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include "redistribute/cost.h"
+#include "redistribute/xmap.h"
 
 /* --- the rules --------------------------------------------------------------------------------------- */
 
@@ -71,6 +73,16 @@ typedef struct {
   dtl_reduce_op op[DTL_MAX_MESH_DIMS];
   dtl_placement of[DTL_MAX_MESH_DIMS][DTL_MAX_TENSOR_DIMS + 2]; /* the placement of each code */
   bool used[DTL_MAX_TENSOR_DIMS]; /* sharded by the source or the target */
+  /* The exchange: an edge from every state without Partials whose other mesh dims hold the source's placements
+   * (so it follows reductions only) to goal, the target state, or for a target on another mesh the extra node
+   * nstates, which no other edge reaches. cross and reduce_only keep only the steps that reduce a Partial (the
+   * rest lead nowhere an exchange could start from). xmin bounds every exchange's price from below. */
+  dtl__xmap *xm;
+  const dtl_placement *src_pl;
+  bool cross, reduce_only;
+  bool scatter_first; /* a Partial may be all-reduced only where no reduce-scatter is legal (its result is smaller) */
+  int goal, rounds;
+  int64_t xmin;
 } dtl__space;
 
 /* Tensor dims that neither end shards and that have the same size are interchangeable: a route through
@@ -119,15 +131,33 @@ static void dtl__decode(const dtl__space *s, int idx, dtl_placement *pl) {
  * so the bounds add up; a step changes one term by at most its own cost (both are capped at
  * DTL__STEP_COST_CAP_PS), so the bound is consistent and the first label of the target taken from the
  * queue is a cheapest route. */
+/* One collective over p ranks, one picosecond under its floor (see below). */
+static int64_t dtl__call_floor_ps(const dtl__space *s, int p) {
+  double ps = floor((double)p * s->cost->alpha_s * 1e12) - 1;
+  return ps <= 0 ? 0 : ps >= (double)DTL__STEP_COST_CAP_PS ? DTL__STEP_COST_CAP_PS : (int64_t)ps;
+}
+
+/* With the exchange, the bound is the smaller of the per-dim one and the exchange's own: every Partial left must
+ * be reduced first (one collective each), then one exchange, priced at least xmin. Both are consistent, and so is
+ * their minimum. */
+static int64_t dtl__perdim_bound(const dtl__space *s, const dtl_placement *pl, const dtl_placement *dst);
 static int64_t dtl__remaining_bound(const dtl__space *s, const dtl_placement *pl, const dtl_placement *dst) {
+  int64_t per_dim = s->cross ? 0 : dtl__perdim_bound(s, pl, dst);
+  if (!s->xm) return per_dim;
+  int64_t via = s->xmin;
+  for (int m = 0; m < s->M; m++)
+    if (s->geom->mesh->shape[m] > 1 && pl[m].kind == DTL_PARTIAL) via += dtl__call_floor_ps(s, s->geom->mesh->shape[m]);
+  return s->cross || via < per_dim ? via : per_dim;
+}
+
+static int64_t dtl__perdim_bound(const dtl__space *s, const dtl_placement *pl, const dtl_placement *dst) {
   int64_t bound = 0;
   for (int m = 0; m < s->M; m++) {
     int p = s->geom->mesh->shape[m];
     if (p == 1 || pl[m].kind == DTL_REPLICATE || dtl__code(s, pl[m]) == dtl__code(s, dst[m])) continue;
     /* One picosecond under the floor, so that the step prices (rounded to the nearest picosecond from a
      * slightly different floating-point expression) can never fall below it. */
-    double ps = floor((double)p * s->cost->alpha_s * 1e12) - 1;
-    if (ps > 0) bound += ps >= (double)DTL__STEP_COST_CAP_PS ? DTL__STEP_COST_CAP_PS : (int64_t)ps;
+    bound += dtl__call_floor_ps(s, p);
   }
   return bound;
 }
@@ -147,11 +177,14 @@ static int64_t dtl__remaining_bound(const dtl__space *s, const dtl_placement *pl
  * - labels per (state, steps) (the limited search, run when the first gives up): a label is dropped only
  *   when another of its state is at least as cheap and at most as long, and no label is longer than the
  *   limit, so the first label of the target taken from the queue is a cheapest route within the limit.
- * Every cost it adds is at most DTL__MAX_PLAN_STEPS + 1 capped step prices plus a capped bound: no
+ * The exchange is one more edge, from a state it may start from to the goal (the target state, or on another
+ * mesh a node of its own), and the labels it makes carry `via`. Every cost the search adds is at most
+ * DTL__MAX_PLAN_STEPS + 1 capped step prices plus a bound of at most DTL_MAX_MESH_DIMS + 1 capped terms: no
  * overflow. */
 typedef struct {
   int64_t cost;
   int steps, state, parent; /* parent: the label this one extends, -1 for the start */
+  bool via;                 /* reached by the exchange */
 } dtl__label;
 
 typedef struct {
@@ -208,6 +241,50 @@ static dtl__hnode dtl__hpop(dtl__heap *h) {
   return top;
 }
 
+static int64_t dtl__sat_add(int64_t a, int64_t b) { return a > INT64_MAX - b ? INT64_MAX : a + b; }
+
+/* Whether an exchange may start from pl: no Partial left, and every mesh dim that was not a Partial in the source
+ * still holds its source placement (an exchange moves data from wherever it is, so only reductions precede it). */
+static bool dtl__exchange_from(const dtl__space *s, const dtl_placement *pl) {
+  for (int m = 0; m < s->M; m++) {
+    if (s->geom->mesh->shape[m] == 1) continue;
+    if (pl[m].kind == DTL_PARTIAL) return false;
+    if (s->src_pl[m].kind != DTL_PARTIAL && dtl__code(s, pl[m]) != dtl__code(s, s->src_pl[m])) return false;
+  }
+  return true;
+}
+
+static int64_t dtl__exchange_price(const dtl__space *s, const dtl_placement *pl) {
+  dtl__xvolume v;
+  dtl__xmap_source(s->xm, pl);
+  dtl__xmap_volume_max(s->xm, &v);
+  return dtl__exchange_cost_ps(s->cost, &v, s->rounds);
+}
+
+/* The tensor dim that mesh dim m of pl reduce-scatters onto in the bounded family (-1: none is legal): the one whose
+ * pieces are largest before the split (the largest chunk any rank holds), so that the split is the most even and the
+ * reduced shard the smallest; the lowest dim among equals. */
+static int dtl__scatter_dim(const dtl__space *s, const dtl_placement *pl, int m) {
+  const dtl_layout *g = s->geom;
+  int best = -1;
+  int64_t best_ext = -1;
+  for (int d = 0; d < s->nd; d++) {
+    dtl__step_kind kind;
+    if (!dtl__step_legal(g->mesh, pl, m, dtl_shard(d), &kind)) continue;
+    int64_t ext = g->shape[d], off, size;
+    for (int k = 0; k < g->mesh->ndim; k++)
+      if (k != m && pl[k].kind == DTL_SHARD && pl[k].dim == d) {
+        dtl__chunk(ext, g->mesh->shape[k], 0, &off, &size);
+        ext = size;
+      }
+    if (ext > best_ext) {
+      best = d;
+      best_ext = ext;
+    }
+  }
+  return best;
+}
+
 /* Per state, what makes a new label redundant: the fewest steps of a label already expanded (every later
  * label of the state is at least as dear), and two labels already queued, the cheapest (with its steps)
  * and the shortest (with its cost). The limited search checks against both queued labels, which misses
@@ -222,15 +299,16 @@ typedef struct {
 typedef struct {
   const dtl__space *s;
   bool limited;
-  dtl__seen *seen;
+  dtl__seen *seen; /* nseen: the states, and the goal on another mesh */
+  int nseen;
   dtl__label *a;
   int n, cap;
   dtl__heap h;
 } dtl__search_state;
 
-/* Queues the label (cost, steps, state, parent) unless a label of its state makes it redundant: 0, or -1
+/* Queues the label (cost, steps, state, parent, via) unless a label of its state makes it redundant: 0, or -1
  * when out of memory, or 1 when the one-label search would queue a label longer than the limit. */
-static int dtl__offer(dtl__search_state *S, int64_t cost, int64_t bound, int steps, int state, int parent) {
+static int dtl__offer(dtl__search_state *S, int64_t cost, int64_t bound, int steps, int state, int parent, bool via) {
   dtl__seen *v = &S->seen[state];
   bool redundant = S->limited ? v->expanded_steps <= steps || (v->cheap_cost <= cost && v->cheap_steps <= steps) ||
                                     (v->short_cost <= cost && v->short_steps <= steps)
@@ -243,7 +321,7 @@ static int dtl__offer(dtl__search_state *S, int64_t cost, int64_t bound, int ste
     v->cheap_cost = cost, v->cheap_steps = steps;
   if (steps < v->short_steps || (steps == v->short_steps && cost < v->short_cost)) v->short_cost = cost, v->short_steps = steps;
   if (!dtl__grow((void **)&S->a, &S->cap, S->n, sizeof *S->a)) return -1;
-  S->a[S->n] = (dtl__label){cost, steps, state, parent};
+  S->a[S->n] = (dtl__label){cost, steps, state, parent, via};
   return dtl__hpush(&S->h, (dtl__hnode){cost + bound, steps, state, S->n++}) ? 0 : -1;
 }
 
@@ -252,11 +330,12 @@ static int dtl__offer(dtl__search_state *S, int64_t cost, int64_t bound, int ste
 static int dtl__search_run(dtl__search_state *S, int from, int to) {
   const dtl__space *s = S->s;
   dtl_placement target[DTL_MAX_MESH_DIMS], pl[DTL_MAX_MESH_DIMS], nx[DTL_MAX_MESH_DIMS];
-  dtl__decode(s, to, target);
-  for (int i = 0; i < s->nstates; i++) S->seen[i] = (dtl__seen){DTL__NO_STEPS, 0, 0, DTL__NO_STEPS, DTL__NO_STEPS};
+  if (to < s->nstates) dtl__decode(s, to, target);
+  else dtl__decode(s, from, target); /* the goal on another mesh: only the exchange bound applies */
+  for (int i = 0; i < S->nseen; i++) S->seen[i] = (dtl__seen){DTL__NO_STEPS, 0, 0, DTL__NO_STEPS, DTL__NO_STEPS};
   S->n = S->h.n = 0;
   dtl__decode(s, from, pl);
-  if (dtl__offer(S, 0, dtl__remaining_bound(s, pl, target), 0, from, -1) < 0) return -1;
+  if (dtl__offer(S, 0, dtl__remaining_bound(s, pl, target), 0, from, -1, false) < 0) return -1;
   while (S->h.n > 0) {
     dtl__hnode u = dtl__hpop(&S->h);
     int *expanded = &S->seen[u.state].expanded_steps;
@@ -267,7 +346,7 @@ static int dtl__search_run(dtl__search_state *S, int from, int to) {
     dtl__decode(s, u.state, pl);
     for (int m = 0; m < s->M; m++) {
       int p = s->geom->mesh->shape[m];
-      if (p == 1) continue;
+      if (p == 1 || ((s->cross || s->reduce_only) && pl[m].kind != DTL_PARTIAL)) continue;
       int cur = dtl__code(s, pl[m]);
       for (int code = 0; code < s->K; code++) {
         if (code == cur || (code == s->K - 1 && !s->has_p[m])) continue;
@@ -276,6 +355,8 @@ static int dtl__search_run(dtl__search_state *S, int from, int to) {
         dtl__step_kind kind;
         if (!dtl__step_legal(s->geom->mesh, pl, m, q, &kind)) continue;
         if (S->limited && u.steps == DTL__MAX_PLAN_STEPS) continue;
+        if (s->scatter_first && kind == DTL__STEP_ALL_REDUCE && dtl__scatter_dim(s, pl, m) >= 0) continue;
+        if (s->scatter_first && kind == DTL__STEP_REDUCE_SCATTER && q.dim != dtl__scatter_dim(s, pl, m)) continue;
         memcpy(nx, pl, sizeof nx);
         nx[m] = q;
         int v = dtl__encode(s, nx), ve = S->seen[v].expanded_steps;
@@ -283,18 +364,27 @@ static int dtl__search_run(dtl__search_state *S, int from, int to) {
         dtl__step_volume vol;
         dtl__step_volume_max(s->geom, kind, m, pl, nx, &vol);
         int64_t c = g + dtl__step_cost_ps(s->cost, kind, p, &vol);
-        int r = dtl__offer(S, c, dtl__remaining_bound(s, nx, target), u.steps + 1, v, u.label);
+        int r = dtl__offer(S, c, dtl__remaining_bound(s, nx, target), u.steps + 1, v, u.label, false);
         if (r) return r < 0 ? -1 : -2;
       }
+    }
+    /* The exchange, after the per-dim steps so that a tie keeps the collective (one step either way). */
+    int ve = S->seen[to].expanded_steps;
+    if (s->xm && !(S->limited ? ve <= u.steps + 1 || u.steps == DTL__MAX_PLAN_STEPS : ve != DTL__NO_STEPS) &&
+        dtl__exchange_from(s, pl)) {
+      int r = dtl__offer(S, g + dtl__exchange_price(s, pl), 0, u.steps + 1, to, u.label, true);
+      if (r) return r < 0 ? -1 : -2;
     }
   }
   return -3;
 }
 
 /* Fills path[0..*len) with the states of the cheapest route of at most DTL__MAX_PLAN_STEPS steps from
- * `from` to `to` (both included). */
-static dtl_status dtl__search(const char *fn, const dtl__space *s, int from, int to, int *path, int *len) {
-  dtl__search_state S = {.s = s, .seen = dtl__malloc((size_t)s->nstates * sizeof *S.seen)};
+ * `from` to `to` (both included); *via_exchange says whether its last step is the exchange. */
+static dtl_status dtl__search(const char *fn, const dtl__space *s, int from, int to, int *path, int *len,
+                              bool *via_exchange) {
+  int n = s->nstates + (to >= s->nstates);
+  dtl__search_state S = {.s = s, .nseen = n, .seen = dtl__malloc((size_t)n * sizeof *S.seen)};
   int found = S.seen ? dtl__search_run(&S, from, to) : -1;
   if (found == -2) {
     S.limited = true;
@@ -302,7 +392,7 @@ static dtl_status dtl__search(const char *fn, const dtl__space *s, int from, int
   }
   dtl_status st = DTL_OK;
   if (found == -1) {
-    st = dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory (search over %d placement states)", s->nstates);
+    st = dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory (search over %d placement states)", n);
   } else if (found < 0) {
     /* Unreachable: undoing every split and reduction innermost mesh dim first, then making the target's
      * outermost first, is a legal route of at most 2 x DTL_MAX_MESH_DIMS steps between any two layouts that
@@ -310,6 +400,7 @@ static dtl_status dtl__search(const char *fn, const dtl__space *s, int from, int
     st = dtl__error_fn(DTL_ERR_INTERNAL, fn, "no legal route between the layouts (a planner bug: please report it)");
   } else {
     *len = S.a[found].steps + 1;
+    *via_exchange = S.a[found].via;
     for (int k = found, i = *len - 1; i >= 0; k = S.a[k].parent, i--) path[i] = S.a[k].state;
   }
   dtl__free(S.seen);
@@ -359,17 +450,23 @@ static dtl_status dtl__check_supported(const char *fn, const dtl_layout *src, co
   return DTL_OK;
 }
 
-static dtl_status dtl__check_pair(const char *fn, const dtl_layout *src, const dtl_layout *dst) {
+static void dtl__mesh_text(const dtl_mesh *m, char *buf, size_t cap) {
+  for (int d = 0, o = 0; d < m->ndim && (size_t)o < cap; d++) o += snprintf(buf + o, cap - (size_t)o, d ? "x%d" : "%d", m->shape[d]);
+}
+
+dtl_status dtl__plan_check_pair(const char *fn, const dtl_layout *src, const dtl_layout *dst) {
   DTL_CHECK_ARG(src != NULL, fn, "src=NULL");
   DTL_CHECK_ARG(dst != NULL, fn, "dst=NULL");
-  if (src->mesh != dst->mesh) {
+  if (src->mesh != dst->mesh && (!src->mesh->parent || src->mesh->parent != dst->mesh->parent)) {
     char a[64] = "", b[64] = "";
-    for (int m = 0, o = 0; m < src->mesh->ndim; m++) o += snprintf(a + o, sizeof a - (size_t)o, m ? "x%d" : "%d", src->mesh->shape[m]);
-    for (int m = 0, o = 0; m < dst->mesh->ndim; m++) o += snprintf(b + o, sizeof b - (size_t)o, m ? "x%d" : "%d", dst->mesh->shape[m]);
+    dtl__mesh_text(src->mesh, a, sizeof a);
+    dtl__mesh_text(dst->mesh, b, sizeof b);
     return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn,
-                         "src and dst are on different meshes (src mesh %s at %p, dst mesh %s at %p; expected the same "
-                         "mesh object)",
-                         a, (const void *)src->mesh, b, (const void *)dst->mesh);
+                         "src and dst are on meshes without a common parent (src mesh %s at %p over communicator %p, "
+                         "dst mesh %s at %p over communicator %p; expected one mesh, or two meshes made from ranks of "
+                         "the same communicator)",
+                         a, (const void *)src->mesh, (const void *)src->mesh->parent, b, (const void *)dst->mesh,
+                         (const void *)dst->mesh->parent);
   }
   DTL_CHECK_ARG(src->dtype == dst->dtype, fn, "src dtype=%s but dst dtype=%s (expected equal)", dtl_dtype_name(src->dtype),
                 dtl_dtype_name(dst->dtype));
@@ -384,18 +481,161 @@ static dtl_status dtl__check_pair(const char *fn, const dtl_layout *src, const d
   return DTL_OK;
 }
 
-static dtl_status dtl__plan_create(const char *fn, const dtl_layout *src, const dtl_layout *dst,
-                                   const dtl_cost_model *over, dtl_plan **out) {
+/* The plan of route path[0..len) (its last step the exchange when via), with the exchange in rounds of xrows. */
+static dtl_status dtl__plan_build(const char *fn, const dtl__space *s, const dtl_layout *src, const dtl_layout *dst,
+                                  const int *path, int len, bool via, int64_t xrows, size_t limit, size_t chunk,
+                                  dtl_plan **out) {
+  const dtl_mesh *mesh = src->mesh;
+  dtl_plan *p = dtl__calloc(1, sizeof *p);
+  if (!p) return dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory");
+  p->src = *src;
+  p->dst = *dst;
+  p->cost = *s->cost;
+  p->limit = limit;
+  p->chunk_bytes = chunk;
+  p->xdim = -1;
+  for (int d = 0; d < src->ndim && p->xdim < 0; d++)
+    if (src->shape[d] > 1) p->xdim = d;
+  p->xrows = p->xdim < 0 ? 1 : xrows < src->shape[p->xdim] ? xrows : src->shape[p->xdim];
+  p->xrounds = p->xdim < 0 ? 1 : (int)((src->shape[p->xdim] + p->xrows - 1) / p->xrows);
+  int64_t total_ps = 0;
+  /* The search kept size-1 mesh dims at R; the step vectors carry the target's placement there (on another mesh:
+   * the source's), so the last step ends exactly at dst. Boxes do not change: a split in 1 is the whole dim. */
+  const dtl_placement *rest = s->cross ? src->placements : dst->placements;
+  for (int k = 0; k + 1 < len; k++) {
+    dtl__plan_step *st = &p->steps[p->nsteps++];
+    dtl__decode(s, path[k], st->before);
+    int64_t ps;
+    if (via && k + 2 == len) {
+      st->kind = DTL__STEP_EXCHANGE;
+      st->mesh_dim = -1;
+      memcpy(st->after, dst->placements, sizeof st->after);
+      for (int q = 0; q < s->M; q++)
+        if (mesh->shape[q] == 1) st->before[q] = rest[q];
+      dtl__xmap_source(s->xm, st->before);
+      dtl__xvolume vmax, vme;
+      dtl__xmap_volume_max(s->xm, &vmax);
+      ps = dtl__exchange_cost_ps(s->cost, &vmax, p->xrounds);
+      st->peers = vmax.send_peers > vmax.recv_peers ? vmax.send_peers : vmax.recv_peers;
+      int me_s = dtl__mesh_index(mesh), me_d = dtl__mesh_index(dst->mesh);
+      dtl__xmap_volume_at(s->xm, me_s, me_d, &vme);
+      st->send_bytes = vme.send;
+      st->recv_bytes = vme.recv;
+    } else {
+      dtl__decode(s, path[k + 1], st->after);
+      for (int m = 0; m < s->M; m++)
+        if (st->before[m].kind != st->after[m].kind || st->before[m].dim != st->after[m].dim) st->mesh_dim = m;
+      int m = st->mesh_dim;
+      dtl__step_legal(mesh, st->before, m, st->after[m], &st->kind);
+      dtl__step_volume vmax, vme;
+      dtl__step_volume_max(src, st->kind, m, st->before, st->after, &vmax);
+      ps = dtl__step_cost_ps(s->cost, st->kind, mesh->shape[m], &vmax);
+      for (int q = 0; q < s->M; q++)
+        if (mesh->shape[q] == 1) st->before[q] = st->after[q] = rest[q];
+      dtl__step_volume_at(src, st->kind, m, st->before, st->after, mesh->coord, &vme);
+      st->send_bytes = mesh->member ? vme.send : 0;
+      st->recv_bytes = mesh->member ? vme.recv : 0;
+    }
+    total_ps = dtl__sat_add(total_ps, ps);
+    st->cost_s = (double)ps * 1e-12;
+  }
+  p->total_cost_s = (double)total_ps * 1e-12;
+  dtl_status st = dtl__plan_compile(fn, p);
+  if (st != DTL_OK) {
+    dtl_plan_destroy(p);
+    return st;
+  }
+  *out = p;
+  return DTL_OK;
+}
+
+/* The cheapest route of s from src to its goal, as a plan with the exchange (if any) in rounds of xrows. */
+static dtl_status dtl__plan_route(const char *fn, const dtl__space *s, const dtl_layout *src, const dtl_layout *dst,
+                                  int64_t xrows, size_t limit, size_t chunk, dtl_plan **out) {
+  int path[DTL__MAX_PLAN_STEPS + 1], len = 0;
+  bool via = false;
+  DTL_TRY(dtl__search(fn, s, dtl__encode(s, src->placements), s->goal, path, &len, &via));
+  return dtl__plan_build(fn, s, src, dst, path, len, via, xrows, limit, chunk, out);
+}
+
+/* The bounded family: reductions and one exchange (s set up for it), with pack passes in chunks of `chunk` bytes,
+ * the exchange in the fewest rounds that fit: rows per round halved until a plan fits, then the largest row count
+ * in between that fits. *out gets the plan that fits, or the one that came closest (the last tried). */
+static dtl_status dtl__plan_bounded(const char *fn, dtl__space *s, const dtl_layout *src, const dtl_layout *dst,
+                                    size_t limit, size_t chunk, dtl_plan **out, bool *fits, size_t *worst) {
+  int xdim = -1;
+  for (int d = 0; d < src->ndim && xdim < 0; d++)
+    if (src->shape[d] > 1) xdim = d;
+  int64_t ext = xdim < 0 ? 1 : src->shape[xdim], ok_rows = 0, bad_rows = ext + 1;
+  dtl_plan *q = NULL;
+  dtl_status st = DTL_OK;
+  for (int64_t rows = ext; st == DTL_OK; rows = (rows + 1) / 2) {
+    dtl_plan_destroy(q);
+    q = NULL;
+    s->rounds = (int)((ext + rows - 1) / rows);
+    st = dtl__plan_route(fn, s, src, dst, rows, limit, chunk, &q);
+    if (st == DTL_OK) st = dtl__plan_fits(fn, q, limit, fits, worst);
+    if (st != DTL_OK || *fits || rows <= 1 || q->steps[q->nsteps - 1].kind != DTL__STEP_EXCHANGE) {
+      if (st == DTL_OK && *fits) ok_rows = rows;
+      break;
+    }
+    bad_rows = rows;
+  }
+  while (st == DTL_OK && ok_rows && bad_rows - ok_rows > 1) {
+    int64_t rows = ok_rows + (bad_rows - ok_rows) / 2;
+    dtl_plan *r = NULL;
+    bool rfits = false;
+    size_t rworst = 0;
+    s->rounds = (int)((ext + rows - 1) / rows);
+    st = dtl__plan_route(fn, s, src, dst, rows, limit, chunk, &r);
+    if (st == DTL_OK) st = dtl__plan_fits(fn, r, limit, &rfits, &rworst);
+    if (st == DTL_OK && rfits) {
+      dtl_plan_destroy(q);
+      q = r;
+      *worst = rworst;
+      ok_rows = rows;
+    } else {
+      dtl_plan_destroy(r);
+      bad_rows = rows;
+    }
+  }
+  if (st != DTL_OK) {
+    dtl_plan_destroy(q);
+    return st;
+  }
+  *out = q;
+  return DTL_OK;
+}
+
+/* Keeps candidate q (whether it fits, its largest scratch) in place of *p when take, else drops it. */
+static void dtl__keep(dtl_plan **p, bool *fits, size_t *worst, bool take, dtl_plan *q, bool qfits, size_t qworst) {
+  if (!take) {
+    dtl_plan_destroy(q);
+    return;
+  }
+  dtl_plan_destroy(*p);
+  *p = q;
+  *fits = qfits;
+  *worst = qworst;
+}
+
+/* Plans src -> dst within a scratch budget: limit bytes on every rank, or (limit == SIZE_MAX) the larger of each
+ * rank's local source and target bytes. First the cheapest route of all; if some rank's scratch exceeds its budget,
+ * the cheapest route of reductions and one exchange, in the fewest rounds that fit every rank. A limit that no
+ * route meets fails naming the smallest that would; the default budget returns the route that comes closest. */
+dtl_status dtl__plan_create(const char *fn, const dtl_layout *src, const dtl_layout *dst, const dtl_cost_model *over,
+                            size_t limit, dtl_plan **out) {
   DTL_CHECK_ARG(out != NULL, fn, "out=NULL");
-  DTL_TRY(dtl__check_pair(fn, src, dst));
+  DTL_TRY(dtl__plan_check_pair(fn, src, dst));
   dtl_cost_model cost;
   DTL_TRY(dtl__cost_resolve(fn, src->mesh, over, &cost));
-  DTL_TRY(dtl__check_supported(fn, src, dst));
+  bool cross = src->mesh != dst->mesh;
+  if (!cross) DTL_TRY(dtl__check_supported(fn, src, dst));
 
   const dtl_mesh *mesh = src->mesh;
   dtl__space s = {.geom = src, .cost = &cost, .M = mesh->ndim, .nd = src->ndim, .K = src->ndim + 2, .nstates = 1};
   for (int m = 0; m < s.M; m++) {
-    dtl_placement a = src->placements[m], b = dst->placements[m];
+    dtl_placement a = src->placements[m], b = cross ? dtl_replicate() : dst->placements[m];
     s.has_p[m] = a.kind == DTL_PARTIAL || b.kind == DTL_PARTIAL;
     s.op[m] = a.kind == DTL_PARTIAL ? a.op : b.op;
     s.nstates *= s.K;
@@ -405,38 +645,57 @@ static dtl_status dtl__plan_create(const char *fn, const dtl_layout *src, const 
     if (mesh->shape[m] > 1 && a.kind == DTL_SHARD) s.used[a.dim] = true;
     if (mesh->shape[m] > 1 && b.kind == DTL_SHARD) s.used[b.dim] = true;
   }
-  int path[DTL__MAX_PLAN_STEPS + 1], len = 0;
-  DTL_TRY(dtl__search(fn, &s, dtl__encode(&s, src->placements), dtl__encode(&s, dst->placements), path, &len));
+  dtl__xmap xm;
+  DTL_TRY(dtl__xmap_init(&xm, fn, src, mesh, dst->mesh, dst->placements));
+  s.xm = &xm;
+  s.src_pl = src->placements;
+  s.cross = cross;
+  s.rounds = 1;
+  s.goal = cross ? s.nstates : dtl__encode(&s, dst->placements);
+  bool pfree = true;
+  for (int m = 0; m < s.M; m++) pfree &= mesh->shape[m] == 1 || src->placements[m].kind != DTL_PARTIAL;
+  s.xmin = pfree ? dtl__exchange_price(&s, src->placements) : 0;
 
-  dtl_plan *p = dtl__calloc(1, sizeof *p);
-  if (!p) return dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory");
-  p->src = *src;
-  p->dst = *dst;
-  p->cost = cost;
-  int64_t total_ps = 0;
-  for (int k = 0; k + 1 < len; k++) {
-    dtl__plan_step *st = &p->steps[p->nsteps++];
-    dtl__decode(&s, path[k], st->before);
-    dtl__decode(&s, path[k + 1], st->after);
-    for (int m = 0; m < s.M; m++)
-      if (st->before[m].kind != st->after[m].kind || st->before[m].dim != st->after[m].dim) st->mesh_dim = m;
-    int m = st->mesh_dim;
-    dtl__step_legal(mesh, st->before, m, st->after[m], &st->kind);
-    dtl__step_volume vmax, vme;
-    dtl__step_volume_max(src, st->kind, m, st->before, st->after, &vmax);
-    int64_t ps = dtl__step_cost_ps(&cost, st->kind, mesh->shape[m], &vmax);
-    total_ps += ps; /* at most DTL__MAX_PLAN_STEPS capped prices: no overflow */
-    st->cost_s = (double)ps * 1e-12;
-    /* The search kept size-1 mesh dims at R; the step vectors carry the target's placement there, so the
-     * last step ends exactly at dst. Boxes do not change: a split in 1 is the whole dim. */
-    for (int q = 0; q < s.M; q++)
-      if (mesh->shape[q] == 1) st->before[q] = st->after[q] = dst->placements[q];
-    dtl__step_volume_at(src, st->kind, m, st->before, st->after, mesh->coord, &vme);
-    st->send_bytes = vme.send;
-    st->recv_bytes = vme.recv;
+  /* The cheapest route; if it does not fit, the bounded family, first with the executor's own pack chunking, then
+   * reduce-scatters before all-reduces and pack passes one row at a time; the first that fits, else the closest. */
+  dtl_plan *p = NULL, *q = NULL;
+  bool fits = false;
+  size_t worst = 0;
+  int path[DTL__MAX_PLAN_STEPS + 1], len = 0;
+  bool via = false;
+  dtl_status st = dtl__search(fn, &s, dtl__encode(&s, src->placements), s.goal, path, &len, &via);
+  if (st == DTL_OK) st = dtl__plan_build(fn, &s, src, dst, path, len, via, INT64_MAX, limit, 0, &p);
+  /* A plan of at most one step fits the default bound by construction (an exchange's modes, a collective's one
+   * pack or receive region, a local copy: compile.c), except a chunked all-to-all on very uneven shards; other plans,
+   * and every plan under a limit, are checked on every rank. */
+  if (st == DTL_OK && limit == SIZE_MAX && p->nsteps <= 1 && (p->nsteps == 0 || p->steps[0].kind != DTL__STEP_ALL_TO_ALL))
+    fits = true;
+  else if (st == DTL_OK)
+    st = dtl__plan_fits(fn, p, limit, &fits, &worst);
+  /* The same route with its pack and unpack passes in smaller chunks (halved down to one row), when that is what
+   * holds it back (its intermediate shards themselves fit). */
+  for (size_t chunk = (size_t)1 << 20; st == DTL_OK && !fits && chunk >= 1; chunk /= 2) {
+    bool qfits = false;
+    size_t qworst = 0;
+    st = dtl__plan_build(fn, &s, src, dst, path, len, via, INT64_MAX, limit, chunk, &q);
+    if (st == DTL_OK) st = dtl__plan_fits(fn, q, limit, &qfits, &qworst);
+    dtl__keep(&p, &fits, &worst, st == DTL_OK && qfits, q, qfits, qworst);
+    q = NULL;
   }
-  p->total_cost_s = (double)total_ps * 1e-12;
-  dtl_status st = dtl__plan_compile(fn, p);
+  for (int tier = 0; tier < 2 && st == DTL_OK && !fits; tier++) {
+    bool qfits = false;
+    size_t qworst = 0;
+    s.reduce_only = true;
+    s.scatter_first = tier == 1;
+    st = dtl__plan_bounded(fn, &s, src, dst, limit, tier == 1 ? 1 : 0, &q, &qfits, &qworst);
+    dtl__keep(&p, &fits, &worst, st == DTL_OK && (qfits || qworst < worst), q, qfits, qworst);
+    q = NULL;
+  }
+  if (st == DTL_OK && !fits && limit != SIZE_MAX)
+    st = dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "max_scratch_bytes=%zu is below what any plan needs on some rank "
+                       "(the smallest limit that works for this pair is %zu bytes)", limit, worst);
+  dtl_plan_destroy(q);
+  dtl__xmap_free(&xm);
   if (st != DTL_OK) {
     dtl_plan_destroy(p);
     return st;
@@ -447,12 +706,19 @@ static dtl_status dtl__plan_create(const char *fn, const dtl_layout *src, const 
 }
 
 dtl_status dtl_plan_create(const dtl_layout *src, const dtl_layout *dst, dtl_plan **out) {
-  return dtl__plan_create("dtl_plan_create", src, dst, NULL, out);
+  return dtl__plan_create("dtl_plan_create", src, dst, NULL, SIZE_MAX, out);
+}
+
+dtl_status dtl_plan_create_with_limit(const dtl_layout *src, const dtl_layout *dst, size_t max_scratch_bytes,
+                                      dtl_plan **out) {
+  DTL_CHECK_ARG(max_scratch_bytes != SIZE_MAX, "dtl_plan_create_with_limit",
+                "max_scratch_bytes=SIZE_MAX (use dtl_plan_create for the default bound)");
+  return dtl__plan_create("dtl_plan_create_with_limit", src, dst, NULL, max_scratch_bytes, out);
 }
 
 dtl_status dtl_plan_create_with_cost(const dtl_layout *src, const dtl_layout *dst, const dtl_cost_model *cost,
                                      dtl_plan **out) {
   static const char fn[] = "dtl_plan_create_with_cost";
   DTL_CHECK_ARG(cost != NULL, fn, "cost=NULL (use dtl_plan_create for the defaults)");
-  return dtl__plan_create(fn, src, dst, cost, out);
+  return dtl__plan_create(fn, src, dst, cost, SIZE_MAX, out);
 }

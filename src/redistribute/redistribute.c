@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "comm/agree.h"
-#include "redistribute/redistribute_internal.h"
+#include "redistribute/executor_internal.h"
 
 /* --- plan cache ----------------------------------------------------------------------------------------- */
 
@@ -129,12 +129,12 @@ static dtl_status dtl__plan_cache_workspace(const dtl_mesh *m, size_t bytes, voi
   DTL_TRY(dtl__plan_cache_of(m, &pc));
   if (bytes > pc->ws_bytes) {
     void *q = NULL;
-    dtl_status st = dtl__mem_alloc(&m->comm->mem, bytes, &q);
+    dtl_status st = dtl__mem_alloc(dtl__mesh_mem(m), bytes, &q);
     if (st != DTL_OK) return dtl__error_prefix(st, "dtl_redistribute: a workspace of %zu bytes", bytes);
     if (pc->ws) dtl__mem_free(&pc->ws_mem, pc->ws);
     pc->ws = q;
     pc->ws_bytes = bytes;
-    pc->ws_mem = m->comm->mem;
+    pc->ws_mem = *dtl__mesh_mem(m);
   }
   *out = pc->ws;
   return DTL_OK;
@@ -153,10 +153,12 @@ void dtl__plan_cache_stats(const dtl_mesh *m, uint64_t *hits, uint64_t *misses) 
  * plan different steps for the same layouts). */
 static uint64_t dtl__plan_fingerprint(const dtl_plan *p) {
   uint64_t h = dtl__fp_mix(dtl__pair_key(&p->src, &p->dst), p->src.mesh->id);
+  h = dtl__fp_mix(h, p->dst.mesh->id);
   h = dtl__fp_double(h, p->cost.alpha_s);
   h = dtl__fp_double(h, p->cost.beta_s_per_byte);
   h = dtl__fp_double(h, p->cost.local_beta_s_per_byte);
   h = dtl__fp_mix(h, (uint64_t)p->nsteps);
+  h = dtl__fp_mix(h, (uint64_t)p->xrounds);
   for (int k = 0; k < p->nsteps && k < DTL__MAX_PLAN_STEPS; k++) {
     const dtl__plan_step *s = &p->steps[k];
     dtl_placement to = s->after[s->mesh_dim >= 0 && s->mesh_dim < DTL_MAX_MESH_DIMS ? s->mesh_dim : 0];
@@ -167,42 +169,39 @@ static uint64_t dtl__plan_fingerprint(const dtl_plan *p) {
 }
 
 dtl_status dtl__plan_agree(const char *fn, const dtl_plan *p, dtl_status local) {
-  dtl_comm *c = p->src.mesh->comm;
-  return dtl__agree_checked(c, fn, local == DTL_OK ? dtl__plan_fingerprint(p) : 0, local);
+  const dtl_mesh *sm = p->src.mesh, *dm = p->dst.mesh;
+  if (sm == dm) return dtl__agree_checked(sm->comm, fn, local == DTL_OK ? dtl__plan_fingerprint(p) : 0, local);
+  dtl_comm *c = sm->parent;
+  if (!c->check) return local;
+  const struct dtl__plan_exec *x = p->exec;
+  return dtl__agree_among(c, x->ngroup, x->group, fn, local == DTL_OK ? dtl__plan_fingerprint(p) : 0, local);
 }
 
 /* --- entry points --------------------------------------------------------------------------------------- */
 
-static void dtl__shape_text(const dtl_layout *l, char *buf, size_t cap) {
-  size_t o = (size_t)snprintf(buf, cap, "[");
-  for (int d = 0; d < l->ndim && o < cap; d++) o += (size_t)snprintf(buf + o, cap - o, d ? ",%lld" : "%lld", (long long)l->shape[d]);
-  if (o < cap) snprintf(buf + o, cap - o, "]");
-}
-
-/* Checks that need no communication (the caller has checked that both layouts exist). */
-static dtl_status dtl__redistribute_args(const char *fn, const dtl_layout *src, const void *src_local, const dtl_layout *dst,
-                                         const void *dst_local) {
-  if (src->mesh != dst->mesh)
-    return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "src and dst layouts are on different meshes (%p and %p); "
-                         "redistribution stays on one mesh", (const void *)src->mesh, (const void *)dst->mesh);
-  if (src->dtype != dst->dtype)
-    return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "src dtype=%s but dst dtype=%s (expected equal)",
-                         dtl_dtype_name(src->dtype), dtl_dtype_name(dst->dtype));
-  bool same = src->ndim == dst->ndim;
-  for (int d = 0; same && d < src->ndim; d++) same = src->shape[d] == dst->shape[d];
-  if (!same) {
-    char a[128], b[128];
-    dtl__shape_text(src, a, sizeof a);
-    dtl__shape_text(dst, b, sizeof b);
-    return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "src global shape=%s but dst global shape=%s (expected equal)", a, b);
+/* The agreement of a call that could not plan (a plan agrees in its execution): over the mesh, or over the ranks of
+ * both meshes, which form no communicator (their parent ranks, gathered here). */
+static dtl_status dtl__pair_agree(const char *fn, const dtl_layout *src, const dtl_layout *dst, dtl_status local) {
+  const dtl_mesh *sm = src->mesh, *dm = dst->mesh;
+  if (sm->parent != dm->parent) return local; /* no communicator joins them: nothing to agree over */
+  if (sm == dm) return sm->comm ? dtl__agree_checked(sm->comm, fn, 0, local) : local;
+  dtl_comm *c = sm->parent;
+  if (!c->check) return local;
+  int *group = dtl__malloc(sizeof(int) * (size_t)c->size), n = 0;
+  if (!group) return local; /* cannot name the peers: this rank returns alone */
+  for (int r = 0; r < c->size; r++) {
+    bool in = false;
+    for (int i = 0; i < sm->size && !in; i++) in = dtl__mesh_parent_rank(sm, i) == r;
+    for (int i = 0; i < dm->size && !in; i++) in = dtl__mesh_parent_rank(dm, i) == r;
+    if (in) group[n++] = r;
   }
-  DTL_CHECK_ARG(src_local != NULL || src->local_count == 0, fn, "src_local=NULL with %zu local elements", src->local_count);
-  DTL_CHECK_ARG(dst_local != NULL || dst->local_count == 0, fn, "dst_local=NULL with %zu local elements", dst->local_count);
-  return DTL_OK;
+  dtl_status st = dtl__agree_among(c, n, group, fn, 0, local);
+  dtl__free(group);
+  return st;
 }
 
 static dtl_status dtl__require_comm(const char *fn, const dtl_layout *l) {
-  if (!l->mesh->comm)
+  if (!l->mesh->parent)
     return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "the layout's mesh is abstract (dtl_mesh_create_abstract): it "
                          "has no communicators, so nothing can be moved on it");
   return DTL_OK;
@@ -213,14 +212,20 @@ dtl_status dtl_redistribute(const dtl_layout *src, const void *src_local, const 
   DTL_CHECK_ARG(src != NULL, fn, "src=NULL");
   DTL_CHECK_ARG(dst != NULL, fn, "dst=NULL");
   DTL_TRY(dtl__require_comm(fn, src));
-  dtl_status local = dtl__redistribute_args(fn, src, src_local, dst, dst_local);
+  DTL_TRY(dtl__require_comm(fn, dst));
+  if (!src->mesh->member && !dst->mesh->member) { /* in neither mesh: no part to play, and no peer waits */
+    DTL_CHECK_ARG(src_local == NULL && dst_local == NULL, fn, "src_local=%p, dst_local=%p but this rank is in neither "
+                  "mesh (pass NULL for both)", src_local, dst_local);
+    return dtl__plan_check_pair(fn, src, dst);
+  }
+  dtl_status local = dtl__plan_check_pair(fn, src, dst);
   const dtl_plan *plan = NULL;
   void *ws = NULL;
   size_t need = 0;
   if (local == DTL_OK) local = dtl__plan_cached(src, dst, &plan);
   if (local == DTL_OK) local = dtl__plan_cache_workspace(src->mesh, need = dtl_plan_workspace_bytes(plan), &ws);
   /* A rank that cannot execute takes part in the agreement its peers run inside the execution. */
-  if (local != DTL_OK) return dtl__agree_checked(src->mesh->comm, fn, 0, local);
+  if (local != DTL_OK) return dtl__pair_agree(fn, src, dst, local);
   return dtl__plan_run(fn, plan, src_local, dst_local, false, ws, need);
 }
 
@@ -238,14 +243,24 @@ dtl_status dtl_full_tensor(const dtl_layout *l, const void *local, void *dense) 
   return st == DTL_OK ? st : dtl__error_prefix(st, "dtl_full_tensor");
 }
 
-/* Root packs every other rank's box (ranks that will hold an identity get nothing) and one all-to-all-v
- * moves them, so each rank receives exactly its shard; root's own shard is a local box copy. Root
- * allocates the packed boxes of the other ranks (more than the tensor when the layout replicates). */
+/* Root sends every other rank its box point to point (ranks that will hold an identity get nothing and fill): a
+ * box that is one contiguous run of the dense tensor (blocks of rows) straight from it, the others packed one at a
+ * time into a buffer of the largest such box. So root holds at most one shard beyond the dense tensor, and none
+ * when every box is a run; each other rank receives exactly its shard. Root's own shard is a local box copy. */
+static bool dtl__dense_run(const dtl_layout *l, const int64_t *bs, const int64_t *bo, size_t *at) {
+  int64_t zero[DTL_MAX_TENSOR_DIMS] = {0};
+  return dtl__run_offset(l->ndim, l->shape, zero, bs, bo, at);
+}
+
 dtl_status dtl_distribute(const dtl_layout *l, const void *dense_on_root, int root, void *local) {
   static const char fn[] = "dtl_distribute";
   DTL_CHECK_ARG(l != NULL, fn, "layout=NULL");
   DTL_TRY(dtl__require_comm(fn, l));
   const dtl_mesh *m = l->mesh;
+  if (!m->member) { /* not in the mesh: no part, and no peer waits for this rank */
+    DTL_CHECK_ARG(local == NULL, fn, "local=%p but this rank is not in the layout's mesh (pass NULL)", local);
+    return DTL_OK;
+  }
   dtl_comm *c = m->comm;
   int n = c->size, me = c->rank;
   dtl_status st = DTL_OK;
@@ -256,64 +271,70 @@ dtl_status dtl_distribute(const dtl_layout *l, const void *dense_on_root, int ro
   else if (me == root && !dense_on_root && l->global_count)
     st = dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "dense_on_root=NULL on root %d with %zu elements", root,
                        l->global_count);
-
-  size_t es = dtl_dtype_size(l->dtype);
-  size_t *send = NULL, *recv = NULL;
-  if (st == DTL_OK && !(send = dtl__calloc((size_t)n * 2, sizeof *send)))
-    st = dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory");
+  else if (!c->ops->exchange)
+    st = dtl__error_fn(DTL_ERR_UNSUPPORTED, fn, "the %s transport has no point-to-point exchange", c->ops->name);
+  size_t es = dtl_dtype_size(l->dtype), pack_count = 0;
   int coord[DTL_MAX_MESH_DIMS];
   int64_t bs[DTL_MAX_TENSOR_DIMS], bo[DTL_MAX_TENSOR_DIMS];
-  size_t total = 0;
+  /* Root: the largest box that is no run sizes its one pack buffer; the runs go out in one exchange, in place. */
+  int *peers = NULL;
+  const void **bufs = NULL;
+  size_t *counts = NULL, at = 0;
+  int nruns = 0;
   void *pack = NULL;
-  if (st == DTL_OK) {
-    recv = send + n;
-    for (int r = 0; r < n; r++) {
+  if (st == DTL_OK && me == root) {
+    bufs = dtl__malloc((sizeof *bufs + sizeof *counts + sizeof *peers) * (size_t)n);
+    if (!bufs) st = dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory");
+    counts = bufs ? (size_t *)(bufs + n) : NULL;
+    peers = bufs ? (int *)(counts + n) : NULL;
+    for (int r = 0; st == DTL_OK && r < n; r++) {
       dtl_mesh_coord_of(m, r, coord);
       if (r == root || dtl__layout_holds_identity(l, coord, NULL)) continue;
       dtl__local_box(m, l->ndim, l->shape, l->placements, coord, bs, bo);
-      size_t cnt = 1;
-      for (int d = 0; d < l->ndim; d++) cnt *= (size_t)bs[d];
-      if (me == root) send[r] = cnt;
-      if (r == me) recv[root] = cnt;
-      total += cnt;
+      size_t cnt = dtl__box_count(l->ndim, bs);
+      if (!cnt) continue;
+      if (dtl__dense_run(l, bs, bo, &at)) {
+        peers[nruns] = r;
+        bufs[nruns] = dtl__at((void *)(uintptr_t)dense_on_root, at, es);
+        counts[nruns++] = cnt;
+      } else if (cnt > pack_count) {
+        pack_count = cnt;
+      }
     }
-    if (me == root && total) st = dtl__mem_alloc(&c->mem, total * es, &pack);
+    if (st == DTL_OK && pack_count) st = dtl__mem_alloc(&c->mem, pack_count * es, &pack);
   }
   /* Root alone reads the dense tensor and packs it, so root alone can fail: every call agrees (not only
    * under DTL_CHECK) before the exchange, on the verdicts and on the layout and root. */
   uint64_t fp = dtl__fp_mix(dtl__fp_mix(dtl__layout_hash(l), m->id), (uint64_t)(uint32_t)root);
   st = dtl__agree(c, fn, fp, st);
   if (st != DTL_OK) goto done;
-
-  size_t off = 0;
-  for (int r = 0; me == root && r < n; r++) {
-    if (!send[r]) continue;
-    dtl_mesh_coord_of(m, r, coord);
-    dtl__local_box(m, l->ndim, l->shape, l->placements, coord, bs, bo);
-    dtl__box_copy b = {.ndim = l->ndim, .elem_size = es};
-    for (int d = 0; d < l->ndim; d++) {
-      b.extent[d] = b.dst_shape[d] = bs[d];
-      b.src_shape[d] = l->shape[d];
-      b.src_off[d] = bo[d];
-    }
-    DTL_TRY_GOTO(dtl__mem_copy_box(&c->mem, dense_on_root, (char *)pack + off * es, &b), st, done);
-    off += send[r];
-  }
-  if (total) DTL_TRY_GOTO(c->ops->all_to_allv(c, pack, send, local, recv, l->dtype), st, done);
   dtl_reduce_op op = DTL_SUM;
-  if (dtl__layout_holds_identity(l, m->coord, &op)) {
-    DTL_TRY_GOTO(dtl__mem_fill_identity(&c->mem, local, l->local_count, l->dtype, op), st, done);
-  } else if (me == root && l->local_count) {
-    dtl__box_copy b = {.ndim = l->ndim, .elem_size = es};
-    for (int d = 0; d < l->ndim; d++) {
-      b.extent[d] = b.dst_shape[d] = l->local_shape[d];
-      b.src_shape[d] = l->shape[d];
-      b.src_off[d] = l->local_offset[d];
+  bool identity = dtl__layout_holds_identity(l, m->coord, &op);
+  if (me == root) {
+    if (nruns) DTL_TRY_GOTO(c->ops->exchange(c, nruns, peers, bufs, counts, 0, NULL, NULL, NULL, l->dtype, NULL), st, done);
+    for (int r = 0; r < n; r++) {
+      dtl_mesh_coord_of(m, r, coord);
+      if (r == root || dtl__layout_holds_identity(l, coord, NULL)) continue;
+      dtl__local_box(m, l->ndim, l->shape, l->placements, coord, bs, bo);
+      size_t cnt = dtl__box_count(l->ndim, bs);
+      if (!cnt || dtl__dense_run(l, bs, bo, &at)) continue;
+      dtl__box_copy b = dtl__ex_box(l->ndim, es, bs, l->shape, bo, bs, NULL);
+      DTL_TRY_GOTO(dtl__mem_copy_box(&c->mem, dense_on_root, pack, &b), st, done);
+      const void *pb = pack;
+      DTL_TRY_GOTO(c->ops->exchange(c, 1, &r, &pb, &cnt, 0, NULL, NULL, NULL, l->dtype, NULL), st, done);
     }
-    DTL_TRY_GOTO(dtl__mem_copy_box(&c->mem, dense_on_root, local, &b), st, done);
+    if (!identity && l->local_count) {
+      dtl__box_copy b = dtl__ex_box(l->ndim, es, l->local_shape, l->shape, l->local_offset, l->local_shape, NULL);
+      DTL_TRY_GOTO(dtl__mem_copy_box(&c->mem, dense_on_root, local, &b), st, done);
+    }
+  } else if (!identity && l->local_count) {
+    void *rb = local;
+    size_t cnt = l->local_count;
+    DTL_TRY_GOTO(c->ops->exchange(c, 0, NULL, NULL, NULL, 1, &root, &rb, &cnt, l->dtype, NULL), st, done);
   }
+  if (identity && l->local_count) DTL_TRY_GOTO(dtl__mem_fill_identity(&c->mem, local, l->local_count, l->dtype, op), st, done);
 done:
   if (pack) dtl__mem_free(&c->mem, pack);
-  dtl__free(send);
+  dtl__free(bufs);
   return st;
 }

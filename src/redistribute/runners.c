@@ -100,6 +100,20 @@ void dtl__ex_packed_displs(int g, size_t *counts, size_t *displs, int self) {
   }
 }
 
+/* Element offset of piece (ps, po) in the row-major box (bs, bo) when the piece is one contiguous run of it
+ * (extent 1 on every dim outside its outermost dim of extent > 1, the box's whole extent inside); false when not. */
+bool dtl__run_offset(int nd, const int64_t *bs, const int64_t *bo, const int64_t *ps, const int64_t *po,
+                            size_t *offset) {
+  int d0 = 0;
+  while (d0 < nd - 1 && ps[d0] == 1) d0++;
+  for (int d = d0 + 1; d < nd; d++)
+    if (ps[d] != bs[d]) return false;
+  size_t off = 0;
+  for (int d = 0; d < nd; d++) off = off * (size_t)bs[d] + (size_t)(po[d] - bo[d]);
+  *offset = off;
+  return true;
+}
+
 dtl_status dtl__ex_copy_own(const dtl__ex_ctx *x, const dtl__ex_step *e, dtl_comm *c, const void *in, void *out) {
   int64_t is[DTL_MAX_TENSOR_DIMS], io[DTL_MAX_TENSOR_DIMS], ri[DTL_MAX_TENSOR_DIMS], ro[DTL_MAX_TENSOR_DIMS];
   if (!dtl__ex_intersect(x->nd, e->in_shape, e->in_off, e->out_shape, e->out_off, is, io)) return DTL_OK;
@@ -212,6 +226,7 @@ dtl_status dtl__ex_run_step(const dtl__ex_ctx *x, const dtl__ex_step *e, dtl_com
     case EX_GATHER: return dtl__run_gather(x, e, c, in, out, tmp);
     case EX_REDUCE_SCATTER: return dtl__run_reduce_scatter(x, e, c, in, out, tmp);
     case EX_ALL_TO_ALL: return dtl__ex_run_all_to_all(x, e, c, in, out, tmp);
+    case EX_EXCHANGE: return dtl__ex_run_exchange(x, e, c, in, out, tmp);
   }
   return dtl__error(DTL_ERR_INTERNAL, "dtl_plan_execute: step op %d", (int)e->op);
 }

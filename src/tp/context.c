@@ -53,6 +53,8 @@ dtl_status dtl_tp_context_create(const dtl_mesh *mesh, int tp_dim, const dtl_tp_
   static const char fn[] = "dtl_tp_context_create";
   DTL_CHECK_ARG(mesh != NULL, fn, "mesh=NULL");
   DTL_CHECK_ARG(!dtl_mesh_is_abstract(mesh), fn, "mesh is abstract (it has no communicators to run layers on)");
+  DTL_CHECK_ARG(dtl_mesh_is_member(mesh), fn,
+                "this rank is outside the mesh (dtl_mesh_create_from_ranks): only its members make contexts on it");
   /* The whole mesh agrees (not only the TP group), since tp_dim itself names the group. */
   dtl_tp_context *c = NULL;
   dtl_status st = dtl__tp_context_build(mesh, tp_dim, opt, &c);

@@ -8,9 +8,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include "comm/backend.h"
+#include "comm/mpi_algo.h"
 #include "dtl_test.h"
 
-static dtl_comm *comm;
+/* The communicator under test: dtl's direct exchange (the default), the MPI call (DTL_ALGO forcing it), and the
+ * direct exchange in pieces of at most 3 elements (the path of counts beyond INT_MAX, on small buffers). */
+static dtl_comm *comm, *direct, *forced_mpi, *pieces;
 static int rank, size;
 
 #define SENTINEL 0x5a
@@ -145,9 +148,12 @@ static void one_block_to_every_peer_but_self_leaves_the_own_place_alone(void) {
   for (int i = 0; i < NDTYPES; i++) run_and_check(&x, dtypes[i], "gather but self");
 }
 
-/* MPI takes int counts and displacements: beyond INT_MAX the call is refused, naming the argument, before
- * anything is read or written (the buffers here are far smaller than the counts). */
-static void counts_or_displacements_beyond_int_max_are_unsupported(void) {
+/* MPI takes int counts and displacements. dtl's direct exchange (the default) moves larger ones in pieces
+ * (tests/comm/test_large_counts.c); with the MPI call forced (DTL_ALGO=all_to_allv:mpi), a count or
+ * displacement beyond INT_MAX is refused, naming the argument, before anything is read or written (the
+ * buffers here are far smaller than the counts). */
+static void with_mpi_forced_counts_or_displacements_beyond_int_max_are_unsupported(void) {
+  comm = forced_mpi;
   unsigned char sbuf[16], rbuf[16];
   memset(sbuf, SENTINEL, sizeof sbuf);
   memset(rbuf, SENTINEL, sizeof rbuf);
@@ -179,14 +185,30 @@ int main(int argc, char **argv) {
   rank = dt_rank;
   size = dt_size;
   if (size > MAXP) return dt_skip("the test's tables hold at most 16 ranks (MAXP)");
-  REQUIRE_OK(dtl_comm_from_mpi(MPI_COMM_WORLD, &comm));
+  setenv("DTL_ALGO", "all_to_allv:direct", 1);
+  REQUIRE_OK(dtl_comm_from_mpi(MPI_COMM_WORLD, &direct));
+  REQUIRE_OK(dtl_comm_from_mpi(MPI_COMM_WORLD, &pieces));
+  REQUIRE_OK(dtl__mpi_set_limit(pieces, 3));
+  setenv("DTL_ALGO", "all_to_allv:mpi", 1);
+  REQUIRE_OK(dtl_comm_from_mpi(MPI_COMM_WORLD, &forced_mpi));
+  unsetenv("DTL_ALGO");
+  comm = direct;
   RUN(the_mpi_transport_offers_all_to_allv_displs);
-  if (comm->ops->all_to_allv_displs) {
-    RUN(blocks_land_at_their_displacements_for_random_layouts);
-    RUN(all_empty_exchange_moves_nothing);
-    RUN(one_block_to_every_peer_but_self_leaves_the_own_place_alone);
-    RUN(counts_or_displacements_beyond_int_max_are_unsupported);
+  dtl_comm *const under_test[3] = {direct, forced_mpi, pieces};
+  const char *const names[3] = {"direct", "mpi", "direct in pieces of 3"};
+  for (int v = 0; v < 3 && comm->ops->all_to_allv_displs; v++) {
+    char name[160];
+    comm = under_test[v];
+    snprintf(name, sizeof name, "blocks_land_at_their_displacements_for_random_layouts (%s)", names[v]);
+    RUN_NAMED(name, blocks_land_at_their_displacements_for_random_layouts());
+    snprintf(name, sizeof name, "all_empty_exchange_moves_nothing (%s)", names[v]);
+    RUN_NAMED(name, all_empty_exchange_moves_nothing());
+    snprintf(name, sizeof name, "one_block_to_every_peer_but_self_leaves_the_own_place_alone (%s)", names[v]);
+    RUN_NAMED(name, one_block_to_every_peer_but_self_leaves_the_own_place_alone());
   }
-  dtl_comm_destroy(comm);
+  if (comm->ops->all_to_allv_displs) RUN(with_mpi_forced_counts_or_displacements_beyond_int_max_are_unsupported);
+  dtl_comm_destroy(forced_mpi);
+  dtl_comm_destroy(pieces);
+  dtl_comm_destroy(direct);
   return dt_finish();
 }

@@ -2,7 +2,10 @@
 /* Meshes over MPI_COMM_WORLD: for every ordered factorisation of the world size into 1-4 dims, each rank's
  * coordinate is its row-major position, each mesh-dim communicator has the dim's size and ranks its
  * members by that coordinate, and an all-gather of world ranks over it returns exactly the ranks that
- * differ only on that dim. Bad shapes fail on every rank with a message naming the shape and sizes. */
+ * differ only on that dim. Bad shapes fail on every rank with a message naming the shape and sizes. Meshes over
+ * part of the world (dtl_mesh_create_from_ranks, ranks in a shuffled order): members get the coordinate of their
+ * place in the list and dim communicators over members only; the others get a non-member handle whose layouts are
+ * empty; a bad list fails every rank, also the ranks outside it. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -152,6 +155,103 @@ static void bad_shapes_fail_on_every_rank_naming_the_shape_and_sizes(void) {
         "out=NULL accepted");
 }
 
+/* Mesh rank i is world rank list[i]: a member's coordinate is its place in the list, its dim communicators hold
+ * exactly the listed ranks that differ on that dim; a non-member has no communicators and empty layouts. */
+static void check_sub_mesh(int n, const int *list, int ndim, const int *shape) {
+  const char *txt = shape_text(ndim, shape);
+  dtl_mesh *m = NULL;
+  dtl_status st = dtl_mesh_create_from_ranks(world, n, list, ndim, shape, &m);
+  CHECK(st == DTL_OK, "sub-mesh %s of %d: %s", txt, n, dtl_last_error());
+  if (st != DTL_OK) return;
+  int index = -1;
+  for (int i = 0; i < n; i++)
+    if (list[i] == world_rank) index = i;
+  CHECK(dtl_mesh_is_member(m) == (index >= 0), "sub-mesh %s: is_member %d for list place %d", txt, dtl_mesh_is_member(m),
+        index);
+  CHECK(dtl_mesh_parent(m) == world && dtl_mesh_size(m) == n && !dtl_mesh_is_abstract(m), "sub-mesh %s: parent/size", txt);
+  for (int i = 0; i < n; i++) {
+    int pr = -1;
+    CHECK(dtl_mesh_parent_rank(m, i, &pr) == DTL_OK && pr == list[i], "sub-mesh %s: mesh rank %d is parent rank %d", txt,
+          i, pr);
+  }
+  int got[DTL_MAX_MESH_DIMS];
+  dtl_mesh_coord(m, got);
+  dtl_placement p[DTL_MAX_MESH_DIMS];
+  for (int d = 0; d < ndim; d++) p[d] = dtl_shard(0);
+  const int64_t gshape[2] = {5, 3};
+  dtl_layout *l = NULL;
+  CHECK(dtl_layout_create(m, DTL_FLOAT32, 2, gshape, p, &l) == DTL_OK, "sub-mesh %s: layout: %s", txt, dtl_last_error());
+  if (index < 0) {
+    CHECK(dtl_mesh_comm(m) == NULL && dtl_mesh_dim_comm(m, 0) == NULL, "sub-mesh %s: a non-member has communicators", txt);
+    CHECK(got[0] == -1, "sub-mesh %s: a non-member's coordinate is %d", txt, got[0]);
+    CHECK(l && dtl_layout_local_count(l) == 0, "sub-mesh %s: a non-member's shard is not empty", txt);
+  } else {
+    int want[DTL_MAX_MESH_DIMS];
+    counted_coord(ndim, shape, index, want);
+    for (int d = 0; d < ndim; d++) CHECK(got[d] == want[d], "sub-mesh %s: coord[%d]=%d, expected %d", txt, d, got[d], want[d]);
+    CHECK(dtl_comm_size(dtl_mesh_comm(m)) == n && dtl_comm_rank(dtl_mesh_comm(m)) == index,
+          "sub-mesh %s: mesh communicator rank %d of %d", txt, dtl_comm_rank(dtl_mesh_comm(m)), dtl_comm_size(dtl_mesh_comm(m)));
+    for (int d = 0; d < ndim; d++) {
+      dtl_comm *dc = dtl_mesh_dim_comm(m, d);
+      int32_t mine = world_rank, all[65];
+      CHECK(dtl_all_gather(dc, &mine, all, 1, DTL_INT32) == DTL_OK, "%s", dtl_last_error());
+      for (int j = 0; j < shape[d]; j++) {
+        int c[DTL_MAX_MESH_DIMS];
+        memcpy(c, want, sizeof c);
+        c[d] = j;
+        int r = 0;
+        dtl_mesh_rank_of(m, c, &r);
+        CHECK(all[j] == list[r], "sub-mesh %s: dim %d member %d is world rank %d, expected %d", txt, d, j, all[j], list[r]);
+      }
+    }
+    int64_t s0[2], o0[2], s1[2], o1[2];
+    dtl_layout_local_box(l, NULL, s0, o0);
+    dtl_layout_local_box(l, want, s1, o1);
+    CHECK(s0[0] == s1[0] && o0[0] == o1[0], "sub-mesh %s: own box differs from the explicit one", txt);
+  }
+  dtl_layout_destroy(l);
+  dtl_mesh_destroy(m);
+}
+
+/* The last ranks of the world in reverse order (1-D), all but rank 0 as 2 x k when that fits, and the whole world
+ * shuffled. */
+static void meshes_over_listed_ranks_number_members_in_list_order(void) {
+  int list[64];
+  for (int k = 1; k <= world_size; k++) {
+    for (int i = 0; i < k; i++) list[i] = world_size - 1 - i;
+    check_sub_mesh(k, list, 1, (int[]){k});
+  }
+  if (world_size >= 5 && (world_size - 1) % 2 == 0) {
+    for (int i = 0; i < world_size - 1; i++) list[i] = i + 1;
+    check_sub_mesh(world_size - 1, list, 2, (int[]){2, (world_size - 1) / 2});
+  }
+  for (int i = 0; i < world_size; i++) list[i] = (i * 3 + 1) % world_size;
+  bool distinct = true;
+  for (int i = 0; i < world_size; i++)
+    for (int j = 0; j < i; j++) distinct &= list[i] != list[j];
+  if (distinct) check_sub_mesh(world_size, list, 1, (int[]){world_size});
+}
+
+static void expect_reject_list(int n, const int *list, int ndim, const int *shape, const char *need) {
+  dtl_mesh *m = (dtl_mesh *)0x5a5a;
+  dtl_status st = dtl_mesh_create_from_ranks(world, n, list, ndim, shape, &m);
+  CHECK(st == DTL_ERR_INVALID_ARGUMENT, "%s: %s, expected DTL_ERR_INVALID_ARGUMENT", need, dtl_status_name(st));
+  CHECK(m == (dtl_mesh *)0x5a5a, "%s: out was written on failure", need);
+  CHECK(strstr(dtl_last_error(), "dtl_mesh_create_from_ranks") && strstr(dtl_last_error(), need),
+        "message \"%s\" lacks \"%s\"", dtl_last_error(), need);
+}
+
+static void bad_rank_lists_fail_on_every_rank(void) {
+  int list[2] = {0, 0};
+  if (world_size >= 2) expect_reject_list(2, list, 1, (int[]){2}, "ranks[1]=0 appears twice");
+  list[0] = world_size;
+  expect_reject_list(1, list, 1, (int[]){1}, "ranks[0]=");
+  list[0] = 0;
+  expect_reject_list(1, list, 1, (int[]){2}, "shape=2 has 2 ranks but the rank list has 1");
+  expect_reject_list(0, list, 1, (int[]){1}, "nranks=0");
+  expect_reject_list(1, NULL, 1, (int[]){1}, "ranks=NULL");
+}
+
 /* For every ordered factorisation of the world size into 1-4 dims. */
 static void every_factorisation_gives_row_major_coordinates_and_dim_communicators(void) {
   int meshes = 0, shape[DTL_MAX_MESH_DIMS];
@@ -167,6 +267,8 @@ int main(int argc, char **argv) {
   REQUIRE_OK(dtl_comm_from_mpi(MPI_COMM_WORLD, &world));
   RUN(bad_shapes_fail_on_every_rank_naming_the_shape_and_sizes); /* first: none may reach a collective */
   RUN(every_factorisation_gives_row_major_coordinates_and_dim_communicators);
+  RUN(bad_rank_lists_fail_on_every_rank);
+  RUN(meshes_over_listed_ranks_number_members_in_list_order);
   dtl_comm_destroy(world);
   return dt_finish();
 }

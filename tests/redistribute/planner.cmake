@@ -13,7 +13,7 @@ function(dtl_tool_case name expect)
   add_test(NAME ${name} COMMAND sh -c "p=\"$1\"; shift; \"$p\" \"$@\" 2>&1; echo \"exit=$?\"" sh $<TARGET_FILE:dtl_tool> ${ARGN})
   set_tests_properties(${name} PROPERTIES PASS_REGULAR_EXPRESSION "${expect}" LABELS "unit;tool" ENVIRONMENT "DTL_PLAN_TUNE=")
 endfunction()
-dtl_tool_case(dtl_tool_plan "^plan S\\(0\\),R -> R,S\\(1\\)  mesh 2x4  shape \\[8,6\\] f32  \\(coordinate \\[0,0\\]\\)\n.*all-gather +S\\(0\\)->R .*total  2 steps, 1 collective, est [0-9.]+ us, scratch [0-9]+ B\nexit=0\n$"
+dtl_tool_case(dtl_tool_plan "^plan S\\(0\\),R -> R,S\\(1\\)  mesh 2x4  shape \\[8,6\\] f32  \\(coordinate \\[0,0\\]\\)\n.*exchange +S\\(0\\),R->R,S\\(1\\) .*total  1 step, 1 collective, est [0-9.]+ us, scratch [0-9]+ B\nexit=0\n$"
               plan --mesh 2x4 --shape 8,6 --dtype f32 --from S0,R --to R,S1)
 dtl_tool_case(dtl_tool_plan_coord_and_cost "\\(coordinate \\[1,3\\]\\)\ncost model  alpha 1e-05 s  beta 1e-09 s/B  local_beta 1e-10 s/B\n.*exit=0\n$"
               plan --mesh=2x4 --shape=8,6 --from=S0,R --to=R,S1 --coord 1,3 --alpha 1e-5 --beta 1e-9)

@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Shared by the planner tests: layouts from placement text on abstract meshes, an independent statement
  * of which single-mesh-dim transitions are legal (written from the tensor dims' side: each tensor dim has
- * an ordered list of the mesh dims splitting it, and only its last entry may be removed or appended), and
- * an exhaustive search over transition sequences that prices each step with the shared cost function. */
+ * an ordered list of the mesh dims splitting it, and only its last entry may be removed or appended) and of where
+ * an exchange may finish a route (from a state without Partials whose other mesh dims are the source's), and an
+ * exhaustive search over transition sequences that prices each step with the shared cost function. */
 #ifndef TEST_PLANNER_COMMON_H
 #define TEST_PLANNER_COMMON_H
 
@@ -113,6 +114,30 @@ static inline int64_t tp_step_ps(const dtl_layout *geom, const dtl_cost_model *c
   return dtl__step_cost_ps(c, k, geom->mesh->shape[md], &v);
 }
 
+/* An exchange may start from pl: no Partial on a mesh dim of size > 1, and every such dim that src does not hold
+ * Partial keeps src's placement. */
+static inline bool tp_exchange_from(const dtl_layout *src, const dtl_placement *pl) {
+  const dtl_mesh *m = src->mesh;
+  for (int md = 0; md < m->ndim; md++) {
+    if (m->shape[md] == 1) continue;
+    if (pl[md].kind == DTL_PARTIAL) return false;
+    if (src->placements[md].kind != DTL_PARTIAL && !tp_same(pl[md], src->placements[md])) return false;
+  }
+  return true;
+}
+
+/* The price of an exchange from pl to dst in `rounds`, through the cost function the planner uses. */
+static inline int64_t tp_exchange_ps(const dtl_layout *src, const dtl_layout *dst, const dtl_cost_model *c,
+                                     const dtl_placement *pl, int rounds) {
+  dtl__xmap x;
+  if (dtl__xmap_init(&x, "test", src, src->mesh, dst->mesh, dst->placements) != DTL_OK) fail_msg("%s", dtl_last_error());
+  dtl__xmap_source(&x, pl);
+  dtl__xvolume v;
+  dtl__xmap_volume_max(&x, &v);
+  dtl__xmap_free(&x);
+  return dtl__exchange_cost_ps(c, &v, rounds);
+}
+
 /* Checks that every step of p is legal under the restated rules, has the kind they say, chains from src to
  * dst (mesh dims of size 1 excepted), and returns the plan's price summed step by step. */
 static inline int64_t tp_check_plan(const dtl_plan *p, const dtl_cost_model *c) {
@@ -122,6 +147,15 @@ static inline int64_t tp_check_plan(const dtl_plan *p, const dtl_cost_model *c) 
   int64_t total = 0;
   for (int s = 0; s < p->nsteps; s++) {
     const dtl__plan_step *st = &p->steps[s];
+    if (st->kind == DTL__STEP_EXCHANGE) {
+      if (s != p->nsteps - 1) fail_msg("step %d: an exchange that is not the last step", s + 1);
+      for (int md = 0; md < m->ndim; md++)
+        if (m->shape[md] > 1 && !tp_same(st->before[md], cur[md])) fail_msg("step %d: before[%d] does not continue", s + 1, md);
+      if (!tp_exchange_from(&p->src, cur)) fail_msg("step %d: an exchange from a state it may not start from", s + 1);
+      for (int md = 0; md < p->dst.mesh->ndim; md++)
+        if (!tp_same(st->after[md], p->dst.placements[md])) fail_msg("step %d: an exchange that misses the target", s + 1);
+      return total + tp_exchange_ps(&p->src, &p->dst, c, cur, p->xrounds);
+    }
     for (int md = 0; md < m->ndim; md++) {
       if (m->shape[md] == 1) continue;
       if (!tp_same(st->before[md], cur[md])) fail_msg("step %d: before[%d] does not continue the previous step", s + 1, md);
@@ -149,7 +183,7 @@ static inline int64_t tp_check_plan(const dtl_plan *p, const dtl_cost_model *c) 
  * exact prunings: a prefix already as dear as the best complete sequence, and a prefix reaching a
  * placement vector that an earlier prefix reached no dearer with at least as many steps left. */
 typedef struct {
-  const dtl_layout *geom;
+  const dtl_layout *geom, *dst;
   const dtl_cost_model *cost;
   const dtl_placement *alpha;
   int nalpha, depth;
@@ -181,6 +215,13 @@ static inline void tp_brute_dfs(tp_brute *b, dtl_placement *pl, int len, int64_t
     b->best_len = len;
   }
   if (len == b->depth) return;
+  if (tp_exchange_from(b->geom, pl)) { /* one exchange finishes the route */
+    int64_t c = cost + tp_exchange_ps(b->geom, b->dst, b->cost, pl, 1);
+    if (c < b->best || (c == b->best && len + 1 < b->best_len)) {
+      b->best = c;
+      b->best_len = len + 1;
+    }
+  }
   for (int md = 0; md < m->ndim; md++)
     for (int a = 0; a < b->nalpha; a++) {
       dtl__step_kind k;
@@ -202,7 +243,7 @@ static inline void tp_brute_dfs(tp_brute *b, dtl_placement *pl, int len, int64_t
  * none), and the fewest steps among the cheapest. */
 static inline int64_t tp_brute_force(const dtl_layout *src, const dtl_layout *dst, const dtl_cost_model *c,
                                      const dtl_placement *alpha, int nalpha, int depth, int *len, long *visited) {
-  tp_brute b = {src, c, alpha, nalpha, depth, dst->placements, INT64_MAX, 0, NULL, NULL, 0};
+  tp_brute b = {src, dst, c, alpha, nalpha, depth, dst->placements, INT64_MAX, 0, NULL, NULL, 0};
   int n = 1;
   for (int md = 0; md < src->mesh->ndim; md++) n *= nalpha + 1;
   b.seen_cost = malloc((size_t)n * sizeof *b.seen_cost);

@@ -62,7 +62,7 @@ static void layouts_on_different_meshes_are_rejected(void **state) {
   dtl_layout *elsewhere = tp_layout(f->other, DTL_FLOAT32, 2, (int64_t[]){8, 6}, "R,S1");
   dtl_plan *p = UNTOUCHED_PLAN;
   assert_int_equal(dtl_plan_create(f->s0r, elsewhere, &p), DTL_ERR_INVALID_ARGUMENT);
-  TP_EXPECT_MESSAGE("dtl_plan_create", "different meshes", "src mesh 2x4", "dst mesh 2x4");
+  TP_EXPECT_MESSAGE("dtl_plan_create", "meshes without a common parent", "src mesh 2x4", "dst mesh 2x4");
   assert_ptr_equal(p, UNTOUCHED_PLAN);
   dtl_layout_destroy(elsewhere);
 }

@@ -163,6 +163,7 @@ static void per_rank_bytes_follow_the_boxes_and_the_charge_is_the_largest(void *
               assert_int_equal(v.send + v.recv, 0);
               assert_int_equal(v.charged, after);
               break;
+            case DTL__STEP_EXCHANGE: fail_msg("the exchange has no per-dim volume"); break;
           }
           sent += v.send;
           received += v.recv;
@@ -180,16 +181,17 @@ static void per_rank_bytes_follow_the_boxes_and_the_charge_is_the_largest(void *
 
 static void explain_shows_each_step_and_the_total(void **state) {
   dtl_mesh *m = tp_mesh(2, (int[]){2, 4}, (int[]){1, 1});
-  dtl_layout *a = tp_layout(m, DTL_FLOAT32, 2, (int64_t[]){8, 6}, "S0,R"), *b = tp_layout(m, DTL_FLOAT32, 2, (int64_t[]){8, 6}, "R,S1");
+  dtl_layout *a = tp_layout(m, DTL_FLOAT32, 2, (int64_t[]){8, 6}, "P,R"), *b = tp_layout(m, DTL_FLOAT32, 2, (int64_t[]){8, 6}, "R,S1");
   dtl_plan *p;
   assert_int_equal(dtl_plan_create(a, b, &p), DTL_OK);
   char text[4096];
   assert_int_equal(dtl_plan_explain(p, text, sizeof text), DTL_OK);
   print_message("%s", text);
-  assert_non_null(strstr(text, "plan S(0),R -> R,S(1)  mesh 2x4  shape [8,6] f32  (coordinate [1,1])\n"));
+  assert_non_null(strstr(text, "plan P(sum),R -> R,S(1)  mesh 2x4  shape [8,6] f32  (coordinate [1,1])\n"));
   assert_non_null(strstr(text, "cost model  alpha 2e-06 s  beta 2e-10 s/B  local_beta 1e-10 s/B\n"));
   /* One line per step naming its mesh dim, collective and transition, in order. */
   const char *at = text;
+  assert_int_equal(p->nsteps, 2);
   for (int s = 0; s < p->nsteps; s++) {
     char head[32];
     snprintf(head, sizeof head, "step %-2d mesh dim %d  ", s + 1, p->steps[s].mesh_dim);
@@ -198,24 +200,54 @@ static void explain_shows_each_step_and_the_total(void **state) {
     const char *end = strchr(line, '\n');
     char row[256];
     snprintf(row, sizeof row, "%.*s", (int)(end - line), line);
-    const char *name = p->steps[s].kind == DTL__STEP_ALL_GATHER ? "all-gather" : "local slice";
+    const char *name = p->steps[s].kind == DTL__STEP_ALL_REDUCE ? "all-reduce" : "local slice";
     assert_non_null(strstr(row, name));
     char sent[48];
     snprintf(sent, sizeof sent, "send %llu B", (unsigned long long)p->steps[s].send_bytes);
     assert_non_null(strstr(row, sent));
     at = end;
   }
-  /* Slicing first shrinks what the all-gather moves: this coordinate receives only the other half of the
-   * rows of its own column block. */
+  /* Slicing first shrinks what the all-reduce moves: this coordinate reduces only its own column block. */
   int64_t s[2];
   assert_int_equal(dtl_layout_local_box(b, NULL, s, NULL), DTL_OK);
-  const dtl__plan_step *gather = p->steps[0].kind == DTL__STEP_ALL_GATHER ? &p->steps[0] : &p->steps[1];
-  assert_int_equal(gather->recv_bytes, (uint64_t)(s[0] / 2 * s[1] * 4));
+  assert_int_equal(p->steps[0].kind, DTL__STEP_LOCAL_SLICE);
+  assert_int_equal(p->steps[1].send_bytes, (uint64_t)(s[0] * s[1] * 4));
   char total[96];
   snprintf(total, sizeof total, "total  %d steps, %d collective, est ", p->nsteps, dtl_plan_num_collectives(p));
   assert_non_null(strstr(text, total));
   assert_non_null(strstr(text, ", scratch "));
   assert_int_equal(strlen(text) + 1, dtl_plan_explain_needed(p));
+  dtl_plan_destroy(p);
+  dtl_layout_destroy(a);
+  dtl_layout_destroy(b);
+  dtl_mesh_destroy(m);
+}
+
+/* Rows split over mesh dim 0 to columns split over mesh dim 1 on 2x4: one exchange (an all-gather after a slice
+ * costs the same, in two steps), named with both placement vectors; this coordinate receives the rows of its column
+ * block that it does not hold, and dtl_plan_bytes gives the same totals. */
+static void explain_names_the_exchange_and_its_bytes(void **state) {
+  dtl_mesh *m = tp_mesh(2, (int[]){2, 4}, (int[]){1, 1});
+  dtl_layout *a = tp_layout(m, DTL_FLOAT32, 2, (int64_t[]){8, 6}, "S0,R"), *b = tp_layout(m, DTL_FLOAT32, 2, (int64_t[]){8, 6}, "R,S1");
+  dtl_plan *p;
+  assert_int_equal(dtl_plan_create(a, b, &p), DTL_OK);
+  char text[4096];
+  assert_int_equal(dtl_plan_explain(p, text, sizeof text), DTL_OK);
+  print_message("%s", text);
+  assert_int_equal(p->nsteps, 1);
+  assert_int_equal(p->steps[0].kind, DTL__STEP_EXCHANGE);
+  assert_int_equal(dtl_plan_num_collectives(p), 1);
+  int64_t s[2];
+  assert_int_equal(dtl_layout_local_box(b, NULL, s, NULL), DTL_OK);
+  uint64_t sent = 0, received = 0;
+  assert_int_equal(dtl_plan_bytes(p, &sent, &received), DTL_OK);
+  assert_int_equal(received, (uint64_t)(s[0] / 2 * s[1] * 4)); /* the other half of the rows of its columns */
+  char line[160];
+  snprintf(line, sizeof line, "step 1  mesh dims * exchange        S(0),R->R,S(1)  send %llu B", (unsigned long long)sent);
+  assert_non_null(strstr(text, line));
+  assert_non_null(strstr(text, "total  1 step, 1 collective, est "));
+  assert_int_equal(dtl_plan_bytes(NULL, &sent, &received), DTL_ERR_INVALID_ARGUMENT);
+  assert_int_equal(dtl_plan_bytes(p, NULL, &received), DTL_ERR_INVALID_ARGUMENT);
   dtl_plan_destroy(p);
   dtl_layout_destroy(a);
   dtl_layout_destroy(b);
@@ -269,10 +301,10 @@ static void the_cost_model_decides_between_direct_and_hierarchical_all_reduce(vo
   dtl_plan *p;
   dtl_cost_model bw = {.mask = DTL__COST_ALL, .beta_s_per_byte = 1e-9, .local_beta_s_per_byte = 1e-12};
   assert_int_equal(dtl_plan_create_with_cost(a, b, &bw, &p), DTL_OK);
+  /* Reduce-scatter first on both mesh dims, then gather (an all-gather, or one exchange at the same bytes). */
   assert_int_equal(dtl_plan_num_collectives(p), 3);
   assert_int_equal(p->steps[0].kind, DTL__STEP_REDUCE_SCATTER);
-  assert_int_equal(p->steps[1].kind, DTL__STEP_ALL_REDUCE);
-  assert_int_equal(p->steps[2].kind, DTL__STEP_ALL_GATHER);
+  assert_true(p->steps[2].kind == DTL__STEP_ALL_GATHER || p->steps[2].kind == DTL__STEP_EXCHANGE);
   /* The direct form, priced step by step with the same model, is dearer. */
   dtl_placement rp[2] = {dtl_replicate(), dtl_partial(DTL_SUM)}, rr[2] = {dtl_replicate(), dtl_replicate()};
   int64_t direct = tp_step_ps(a, &bw, DTL__STEP_ALL_REDUCE, 0, a->placements, rp) +
@@ -297,6 +329,7 @@ int main(void) {
       cmocka_unit_test(every_coordinate_derives_the_same_steps),
       cmocka_unit_test(per_rank_bytes_follow_the_boxes_and_the_charge_is_the_largest),
       cmocka_unit_test(explain_shows_each_step_and_the_total),
+      cmocka_unit_test(explain_names_the_exchange_and_its_bytes),
       cmocka_unit_test(identical_layouts_explain_as_no_steps),
       cmocka_unit_test(mesh_dims_of_size_one_get_no_steps),
       cmocka_unit_test(the_cost_model_decides_between_direct_and_hierarchical_all_reduce),

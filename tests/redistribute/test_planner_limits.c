@@ -24,7 +24,8 @@ static dtl_plan *plan_ok(dtl_mesh *m, dtl_dtype t, int nd, const int64_t *shape,
 }
 
 /* Each step of a 2^30-element i8 redistribution over four mesh dims costs more than the cap; four or more
- * capped prices once added up to the search's "never reached" value, so every route looked unreachable. */
+ * capped prices once added up to the search's "never reached" value, so every route looked unreachable.
+ * (Today one exchange does it, itself priced at the cap; the per-dim routes it beat cost four capped steps.) */
 static void routes_of_capped_step_prices_still_plan(void **state) {
   dtl_cost_model def;
   dtl_cost_model_default(DTL_MEMORY_HOST, &def);
@@ -32,15 +33,15 @@ static void routes_of_capped_step_prices_still_plan(void **state) {
   dtl_layout *src, *dst;
   dtl_plan *p =
       plan_ok(m, DTL_INT8, 2, (int64_t[]){1000000000, 1000000000}, "S0,S1,S0,S1", "S1,S0,S1,S0", &def, &src, &dst);
-  assert_true(p->nsteps >= 4);
-  assert_true(dtl_plan_cost(p) > 4 * 1e5); /* at least four capped steps, each priced 2.9e5 s */
+  assert_true(p->nsteps >= 1);
+  assert_true(dtl_plan_cost(p) > 1e5); /* at least one capped step, priced 2.9e5 s */
   dtl_plan_destroy(p);
   dtl_layout_destroy(src);
   dtl_layout_destroy(dst);
   /* alpha = 1e300 caps every collective of any request; the search must still tell routes apart by length. */
   const dtl_cost_model huge = {.mask = DTL_COST_ALPHA, .alpha_s = 1e300};
   p = plan_ok(m, DTL_FLOAT32, 2, (int64_t[]){8, 8}, "S0,S1,S0,S1", "S1,S0,S1,S0", &huge, &src, &dst);
-  assert_true(p->nsteps >= 4);
+  assert_int_equal(p->nsteps, 1); /* the exchange: one capped step, where per-dim routes need four */
   dtl_plan_destroy(p);
   dtl_layout_destroy(src);
   dtl_layout_destroy(dst);

@@ -114,7 +114,8 @@ static void a_rank_that_makes_another_call_gets_every_rank_a_mismatch(void) {
   for (size_t i = 0; i < sizeof ls / sizeof *ls; i++) dtl_layout_destroy(ls[i]);
 }
 
-/* Root alone reads the dense tensor and allocates the packed boxes: dtl_distribute agrees on every call. */
+/* Root alone reads the dense tensor and allocates its send lists and the pack buffer of boxes that are no runs of
+ * the dense tensor (column blocks here): dtl_distribute agrees on every call. */
 static void distribute_fails_every_rank_with_or_without_dtl_check(void) {
   bool me = dt_rank == dt_bad;
   dtl_mesh *meshes[2] = {plain_mesh, mesh};
@@ -130,10 +131,16 @@ static void distribute_fails_every_rank_with_or_without_dtl_check(void) {
                                "root=-1");
     if (dt_size > 1) {
       dt_expect_mismatch("root", dtl_distribute(s0, b.dense, me ? 1 : 0, b.dst));
-      dtl__alloc_hook_reset(me ? 2 : 0, false); /* the root's second allocation: the packed boxes */
+      dtl__alloc_hook_reset(me ? 1 : 0, false); /* the root's first allocation: its send lists */
       dtl_status st = dtl_distribute(s0, b.dense, dt_bad, b.dst);
       dtl__alloc_hook_reset(0, false);
+      dt_expect_every_rank_fails("lists", st, DTL_ERR_OUT_OF_MEMORY, "out of host memory");
+      dtl_layout *s1 = layout(meshes[k], ROWS, dtl_shard(1));
+      dtl__alloc_hook_reset(me ? 2 : 0, false); /* the second: the buffer a column block is packed in */
+      st = dtl_distribute(s1, b.dense, dt_bad, b.dst);
+      dtl__alloc_hook_reset(0, false);
       dt_expect_every_rank_fails("pack", st, DTL_ERR_OUT_OF_MEMORY, "allocate");
+      dtl_layout_destroy(s1);
     }
     CHECK(untouched(&b), "a failed call wrote local");
     CHECK_OK(dtl_distribute(s0, b.dense, dt_bad, b.dst));

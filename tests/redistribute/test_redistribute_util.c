@@ -48,6 +48,32 @@ static dtl_status w_all_to_allv_displs(dtl_comm *c, const void *s, const size_t 
                                        const size_t *rc, const size_t *rd, dtl_dtype t) {
   return in_(c)->ops->all_to_allv_displs(in_(c), s, sc, sd, r, rc, rd, t);
 }
+static dtl_status w_exchange(dtl_comm *c, int ns, const int *sp, const void *const *sb, const size_t *sc, int nr,
+                             const int *rp, void *const *rb, const size_t *rc, dtl_dtype t, dtl_request **req) {
+  return in_(c)->ops->exchange(in_(c), ns, sp, sb, sc, nr, rp, rb, rc, t, req);
+}
+static dtl_status w_all_gather_async(dtl_comm *c, const void *s, void *r, size_t n, dtl_dtype t, dtl_request **q) {
+  return in_(c)->ops->all_gather_async(in_(c), s, r, n, t, q);
+}
+static dtl_status w_all_gatherv_async(dtl_comm *c, const void *s, size_t n, void *r, const size_t *rc, dtl_dtype t,
+                                      dtl_request **q) {
+  return in_(c)->ops->all_gatherv_async(in_(c), s, n, r, rc, t, q);
+}
+static dtl_status w_all_reduce_async(dtl_comm *c, const void *s, void *r, size_t n, dtl_dtype t, dtl_reduce_op op,
+                                     dtl_request **q) {
+  return in_(c)->ops->all_reduce_async(in_(c), s, r, n, t, op, q);
+}
+static dtl_status w_reduce_scatter_async(dtl_comm *c, const void *s, void *r, size_t n, dtl_dtype t, dtl_reduce_op op,
+                                         dtl_request **q) {
+  return in_(c)->ops->reduce_scatter_async(in_(c), s, r, n, t, op, q);
+}
+static dtl_status w_all_to_all_async(dtl_comm *c, const void *s, void *r, size_t n, dtl_dtype t, dtl_request **q) {
+  return in_(c)->ops->all_to_all_async(in_(c), s, r, n, t, q);
+}
+static dtl_status w_all_to_allv_async(dtl_comm *c, const void *s, const size_t *sc, void *r, const size_t *rc,
+                                      dtl_dtype t, dtl_request **q) {
+  return in_(c)->ops->all_to_allv_async(in_(c), s, sc, r, rc, t, q);
+}
 static dtl_status w_send(dtl_comm *c, const void *b, size_t n, dtl_dtype t, int p) { return in_(c)->ops->send(in_(c), b, n, t, p); }
 static dtl_status w_recv(dtl_comm *c, void *b, size_t n, dtl_dtype t, int p) { return in_(c)->ops->recv(in_(c), b, n, t, p); }
 static dtl_status w_barrier(dtl_comm *c) { return in_(c)->ops->barrier(in_(c)); }
@@ -76,7 +102,10 @@ static const dtl__comm_ops w_ops = {
     .all_gather = w_all_gather, .all_gatherv = w_all_gatherv, .all_reduce = w_all_reduce,
     .reduce_scatter = w_reduce_scatter, .reduce_scatterv = w_reduce_scatterv, .all_to_all = w_all_to_all,
     .all_to_allv = w_all_to_allv, .send = w_send, .recv = w_recv, .barrier = w_barrier, .split = w_split,
-    .all_to_allv_displs = w_all_to_allv_displs,
+    .all_to_allv_displs = w_all_to_allv_displs, .exchange = w_exchange,
+    .all_gather_async = w_all_gather_async, .all_gatherv_async = w_all_gatherv_async,
+    .all_reduce_async = w_all_reduce_async, .reduce_scatter_async = w_reduce_scatter_async,
+    .all_to_all_async = w_all_to_all_async, .all_to_allv_async = w_all_to_allv_async,
     .check = w_check, .abort = w_abort, .destroy = w_destroy, .synchronize = w_sync,
 };
 /* The same transport without its optional entries, as a transport that lacks them (NCCL) looks. */
@@ -145,6 +174,100 @@ void tu_mesh_close(tu_mesh *m) {
   memset(m, 0, sizeof *m);
 }
 
+/* The parent of every mesh pair: MPI_COMM_WORLD through the counting transport, made once. */
+static dtl_comm *tu_parent_comm;
+
+dtl_comm *tu_parent(void) {
+  if (!tu_parent_comm) {
+    dtl_comm *inner;
+    if (dtl_comm_from_mpi(MPI_COMM_WORLD, &inner) != DTL_OK || w_wrap(&w_ops, inner, &tu_parent_comm) != DTL_OK) {
+      fprintf(stderr, "tu_parent: %s\n", dtl_last_error());
+      MPI_Abort(MPI_COMM_WORLD, 2);
+    }
+  }
+  return tu_parent_comm;
+}
+
+void tu_parent_close(void) {
+  dtl_comm_destroy(tu_parent_comm);
+  tu_parent_comm = NULL;
+}
+
+/* A mesh over the world ranks list[0..n) of tu_parent(); the checking communicator holds its members in mesh order. */
+static int tu_sub_open(int n, const int *list, int ndim, const int *shape, tu_mesh *m) {
+  memset(m, 0, sizeof *m);
+  m->mpi = MPI_COMM_NULL;
+  m->ndim = ndim;
+  for (int d = 0; d < ndim; d++) m->shape[d] = shape[d];
+  int rank, index = -1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  for (int i = 0; i < n; i++)
+    if (list[i] == rank) index = i;
+  MPI_Comm_split(MPI_COMM_WORLD, index >= 0 ? 0 : MPI_UNDEFINED, index, &m->mpi);
+  if (dtl_mesh_create_from_ranks(tu_parent(), n, list, ndim, shape, &m->mesh) != DTL_OK) {
+    fprintf(stderr, "tu_sub_open: %s\n", dtl_last_error());
+    return -1;
+  }
+  return 0;
+}
+
+/* Factors n into ndim >= 1 dims, the first as large as divides it (ndim 1: n). */
+static int tu_factor(int n, int want, int *shape) {
+  if (want >= 2 && n >= 4 && n % 2 == 0) {
+    shape[0] = 2;
+    return 1 + tu_factor(n / 2, want - 1, shape + 1);
+  }
+  shape[0] = n;
+  return 1;
+}
+
+bool tu_pair_open(int kind, int world, tu_pair *pr) {
+  memset(pr, 0, sizeof *pr);
+  int la[64], lb[64], na = 0, nb = 0;
+  switch (kind) {
+    case TU_DISJOINT: /* the first half, the rest in reverse */
+      if (world < 2) return false;
+      for (int i = 0; i < world / 2; i++) la[na++] = i;
+      for (int i = world - 1; i >= world / 2; i--) lb[nb++] = i;
+      break;
+    case TU_OVERLAPPING: /* the first two thirds, the last two thirds */
+      if (world < 3) return false;
+      for (int i = 0; i < (2 * world + 2) / 3; i++) la[na++] = i;
+      for (int i = world / 3; i < world; i++) lb[nb++] = i;
+      break;
+    case TU_RESHAPED: /* every rank, then every rank in reverse in another shape */
+      for (int i = 0; i < world; i++) la[na++] = i, lb[nb++] = world - 1 - i;
+      break;
+    case TU_SUBSET: /* every rank, then every other rank */
+      if (world < 2) return false;
+      for (int i = 0; i < world; i++) la[na++] = i;
+      for (int i = 1; i < world; i += 2) lb[nb++] = i;
+      break;
+  }
+  int sa[3], sb[3];
+  int da = tu_factor(na, kind == TU_RESHAPED ? 1 : 3, sa), db = tu_factor(nb, kind == TU_RESHAPED ? 3 : 2, sb);
+  pr->kind = kind;
+  if (tu_sub_open(na, la, da, sa, &pr->a) != 0 || tu_sub_open(nb, lb, db, sb, &pr->b) != 0) {
+    fprintf(stderr, "set-up: cannot open mesh pair %d\n", kind);
+    MPI_Abort(MPI_COMM_WORLD, 2);
+  }
+  return true;
+}
+
+void tu_pair_close(tu_pair *pr) {
+  tu_mesh_close(&pr->a);
+  tu_mesh_close(&pr->b);
+}
+
+const char *tu_pair_text(const tu_pair *pr) {
+  static const char *kinds[] = {"disjoint", "overlapping", "reshaped", "subset"};
+  static char buf[192];
+  char a[64];
+  snprintf(a, sizeof a, "%s", tu_mesh_text(&pr->a));
+  snprintf(buf, sizeof buf, "%s meshes %s -> %s", kinds[pr->kind], a, tu_mesh_text(&pr->b));
+  return buf;
+}
+
 const char *tu_mesh_text(const tu_mesh *m) {
   static char buf[64];
   int o = 0;
@@ -174,23 +297,31 @@ double tu_get(const void *buf, dtl_dtype t, size_t i) {
   switch (t) {
     case DTL_FLOAT32: return ((const float *)buf)[i];
     case DTL_FLOAT64: return ((const double *)buf)[i];
+    case DTL_FLOAT16: return dtl_f16_to_f32(((const uint16_t *)buf)[i]);
+    case DTL_BFLOAT16: return dtl_bf16_to_f32(((const uint16_t *)buf)[i]);
+    case DTL_INT8: return ((const int8_t *)buf)[i];
+    case DTL_UINT8: return ((const uint8_t *)buf)[i];
     case DTL_INT32: return ((const int32_t *)buf)[i];
     case DTL_INT64: return (double)((const int64_t *)buf)[i];
-    default: abort();
   }
+  abort();
 }
 void tu_set(void *buf, dtl_dtype t, size_t i, double v) {
   switch (t) {
     case DTL_FLOAT32: ((float *)buf)[i] = (float)v; break;
     case DTL_FLOAT64: ((double *)buf)[i] = v; break;
+    case DTL_FLOAT16: ((uint16_t *)buf)[i] = dtl_f32_to_f16((float)v); break;
+    case DTL_BFLOAT16: ((uint16_t *)buf)[i] = dtl_f32_to_bf16((float)v); break;
+    case DTL_INT8: ((int8_t *)buf)[i] = (int8_t)v; break;
+    case DTL_UINT8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
     case DTL_INT32: ((int32_t *)buf)[i] = (int32_t)v; break;
     case DTL_INT64: ((int64_t *)buf)[i] = (int64_t)v; break;
-    default: abort();
   }
 }
 
 void tu_dense(uint64_t seed, dtl_dtype t, size_t count, void *out) {
-  for (size_t i = 0; i < count; i++) tu_set(out, t, i, (double)((int)(tu_hash(seed, i) % 41) - 20));
+  int shift = t == DTL_UINT8 ? 20 : 0; /* unsigned: 0..40 */
+  for (size_t i = 0; i < count; i++) tu_set(out, t, i, (double)((int)(tu_hash(seed, i) % 41) - 20 + shift));
 }
 
 /* Partial mesh dims of l, their shared op and group size. */

@@ -37,6 +37,21 @@ const char *tu_mesh_text(const tu_mesh *m);
 /* "rule on mesh 2x4": the name a case run on m reports (one buffer, valid until the next call). */
 const char *tu_case_name(const char *rule, const tu_mesh *m);
 
+/* Two meshes over ranks of MPI_COMM_WORLD with one parent (tu_parent(): the world through the counting transport),
+ * each with a checking communicator over its members in mesh order (tu_check_state works on either). Kinds:
+ * disjoint halves (the second in reverse order), overlapping two-thirds, every rank reshaped (1-D, then reversed in
+ * up to 3 dims), and every rank then every other rank. False when the world size does not allow the kind. */
+enum { TU_DISJOINT, TU_OVERLAPPING, TU_RESHAPED, TU_SUBSET, TU_NPAIRS };
+typedef struct {
+  int kind;
+  tu_mesh a, b;
+} tu_pair;
+bool tu_pair_open(int kind, int world, tu_pair *out); /* collective over MPI_COMM_WORLD */
+void tu_pair_close(tu_pair *pr);
+const char *tu_pair_text(const tu_pair *pr);
+dtl_comm *tu_parent(void);
+void tu_parent_close(void);
+
 /* Allocation counts of the wrapped transports (every mem_alloc of every communicator of every tu_mesh). */
 typedef struct {
   int calls;
@@ -59,11 +74,11 @@ typedef struct {
 uint64_t tu_next(tu_rng *r);
 int tu_uniform(tu_rng *r, int n); /* 0..n-1 */
 
-/* Typed access to integer-valued elements. */
+/* Typed access to integer-valued elements (every dtype). */
 double tu_get(const void *buf, dtl_dtype t, size_t i);
 void tu_set(void *buf, dtl_dtype t, size_t i, double v);
 
-/* The dense tensor for seed: integers in [-20, 20]. */
+/* The dense tensor for seed: integers in [-20, 20] ([0, 40] for u8). */
 void tu_dense(uint64_t seed, dtl_dtype t, size_t count, void *out);
 /* This rank's shard of l for the dense tensor D (seeded noise: Partial(sum|avg) parts that sum to D,
  * max/min parts bounded by D with one equal to it, prod parts of +-1 with one holding the rest). Every

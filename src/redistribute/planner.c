@@ -4,6 +4,7 @@
  * to a target layout, where an exchange step (xmap.h) may also finish the route in one step from a state without
  * Partials. Plan creation is pure (no communication) and deterministic: every rank derives the same steps from the
  * same layouts. */
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -481,6 +482,12 @@ dtl_status dtl__plan_check_pair(const char *fn, const dtl_layout *src, const dtl
   return DTL_OK;
 }
 
+/* Rounds of `rows` indices that cover ext, at most INT_MAX (the bounded family never asks for more). */
+static int dtl__rounds_of(int64_t ext, int64_t rows) {
+  int64_t r = ext / rows + (ext % rows != 0);
+  return r >= INT_MAX ? INT_MAX : (int)r;
+}
+
 /* The plan of route path[0..len) (its last step the exchange when via), with the exchange in rounds of xrows. */
 static dtl_status dtl__plan_build(const char *fn, const dtl__space *s, const dtl_layout *src, const dtl_layout *dst,
                                   const int *path, int len, bool via, int64_t xrows, size_t limit, size_t chunk,
@@ -497,7 +504,7 @@ static dtl_status dtl__plan_build(const char *fn, const dtl__space *s, const dtl
   for (int d = 0; d < src->ndim && p->xdim < 0; d++)
     if (src->shape[d] > 1) p->xdim = d;
   p->xrows = p->xdim < 0 ? 1 : xrows < src->shape[p->xdim] ? xrows : src->shape[p->xdim];
-  p->xrounds = p->xdim < 0 ? 1 : (int)((src->shape[p->xdim] + p->xrows - 1) / p->xrows);
+  p->xrounds = p->xdim < 0 ? 1 : dtl__rounds_of(src->shape[p->xdim], p->xrows);
   int64_t total_ps = 0;
   /* The search kept size-1 mesh dims at R; the step vectors carry the target's placement there (on another mesh:
    * the source's), so the last step ends exactly at dst. Boxes do not change: a split in 1 is the whole dim. */
@@ -566,16 +573,17 @@ static dtl_status dtl__plan_bounded(const char *fn, dtl__space *s, const dtl_lay
   int xdim = -1;
   for (int d = 0; d < src->ndim && xdim < 0; d++)
     if (src->shape[d] > 1) xdim = d;
-  int64_t ext = xdim < 0 ? 1 : src->shape[xdim], ok_rows = 0, bad_rows = ext + 1;
+  int64_t ext = xdim < 0 ? 1 : src->shape[xdim], ok_rows = 0, bad_rows = ext < INT64_MAX ? ext + 1 : INT64_MAX;
   dtl_plan *q = NULL;
   dtl_status st = DTL_OK;
   for (int64_t rows = ext; st == DTL_OK; rows = (rows + 1) / 2) {
     dtl_plan_destroy(q);
     q = NULL;
-    s->rounds = (int)((ext + rows - 1) / rows);
+    s->rounds = dtl__rounds_of(ext, rows);
     st = dtl__plan_route(fn, s, src, dst, rows, limit, chunk, &q);
     if (st == DTL_OK) st = dtl__plan_fits(fn, q, limit, fits, worst);
-    if (st != DTL_OK || *fits || rows <= 1 || q->steps[q->nsteps - 1].kind != DTL__STEP_EXCHANGE) {
+    if (st != DTL_OK || *fits || rows <= 1 || dtl__rounds_of(ext, (rows + 1) / 2) == INT_MAX ||
+        q->steps[q->nsteps - 1].kind != DTL__STEP_EXCHANGE) {
       if (st == DTL_OK && *fits) ok_rows = rows;
       break;
     }
@@ -586,7 +594,7 @@ static dtl_status dtl__plan_bounded(const char *fn, dtl__space *s, const dtl_lay
     dtl_plan *r = NULL;
     bool rfits = false;
     size_t rworst = 0;
-    s->rounds = (int)((ext + rows - 1) / rows);
+    s->rounds = dtl__rounds_of(ext, rows);
     st = dtl__plan_route(fn, s, src, dst, rows, limit, chunk, &r);
     if (st == DTL_OK) st = dtl__plan_fits(fn, r, limit, &rfits, &rworst);
     if (st == DTL_OK && rfits) {

@@ -158,8 +158,8 @@ static void plan_tune_is_echoed_quoted(void **state) {
                                       "alpha=1,alpha=\n2",
                                       "alpha=1,",
                                       ",\x9b",
-                                      "alpha=1e-6,beta=\xe2\x80\xae"
-                                      "2"};
+                                      ("alpha=1e-6,beta=\xe2\x80\xae"
+                                       "2")};
   dtl_mesh *m;
   dtl_layout *l;
   assert_int_equal(dtl_mesh_create_abstract(1, (int[]){2}, NULL, &m), DTL_OK);
@@ -204,8 +204,8 @@ static void checkpoint_names_paths_and_json_are_echoed_quoted(void **state) {
       "{\"w\":{\"dtype\":\"F\\u001b[2J\",\"shape\":[1],\"data_offsets\":[0,4]}}",
       "{\"__metadata__\":{\"k\\u009b1m\":1}}",
       "{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}\x1b[31m}",
-      "{\"a\\n\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
-      "\"b\\u202e\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}",
+      ("{\"a\\n\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+       "\"b\\u202e\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}"),
   };
   for (size_t i = 0; i < sizeof bad_entries / sizeof *bad_entries; i++) {
     write_file(path, bad_entries[i]);

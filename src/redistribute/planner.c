@@ -653,16 +653,19 @@ dtl_status dtl__plan_create(const char *fn, const dtl_layout *src, const dtl_lay
     if (mesh->shape[m] > 1 && a.kind == DTL_SHARD) s.used[a.dim] = true;
     if (mesh->shape[m] > 1 && b.kind == DTL_SHARD) s.used[b.dim] = true;
   }
+  /* Pricing an exchange visits every (target rank, source class) pair. On one mesh of more than 4096 ranks that
+   * costs more than the plan is worth to search, so such plans take the per-dim routes only (between two meshes
+   * the exchange is the only route, whatever it costs to price). */
   dtl__xmap xm;
   DTL_TRY(dtl__xmap_init(&xm, fn, src, mesh, dst->mesh, dst->placements));
-  s.xm = &xm;
+  s.xm = cross || (uint64_t)mesh->size * (uint64_t)dst->mesh->size <= DTL__XMAP_MAX_PAIRS ? &xm : NULL;
   s.src_pl = src->placements;
   s.cross = cross;
   s.rounds = 1;
   s.goal = cross ? s.nstates : dtl__encode(&s, dst->placements);
   bool pfree = true;
   for (int m = 0; m < s.M; m++) pfree &= mesh->shape[m] == 1 || src->placements[m].kind != DTL_PARTIAL;
-  s.xmin = pfree ? dtl__exchange_price(&s, src->placements) : 0;
+  s.xmin = pfree && s.xm ? dtl__exchange_price(&s, src->placements) : 0;
 
   /* The cheapest route; if it does not fit, the bounded family, first with the executor's own pack chunking, then
    * reduce-scatters before all-reduces and pack passes one row at a time; the first that fits, else the closest. */
@@ -690,7 +693,7 @@ dtl_status dtl__plan_create(const char *fn, const dtl_layout *src, const dtl_lay
     dtl__keep(&p, &fits, &worst, st == DTL_OK && qfits, q, qfits, qworst);
     q = NULL;
   }
-  for (int tier = 0; tier < 2 && st == DTL_OK && !fits; tier++) {
+  for (int tier = 0; tier < 2 && st == DTL_OK && !fits && s.xm; tier++) {
     bool qfits = false;
     size_t qworst = 0;
     s.reduce_only = true;

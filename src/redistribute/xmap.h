@@ -68,7 +68,9 @@ typedef struct {
 
 /* The volume of the rank that is source mesh rank r and target mesh rank q (either -1 outside that mesh). */
 void dtl__xmap_volume_at(const dtl__xmap *x, int r, int q, dtl__xvolume *out);
-/* The largest of each figure over all ranks, computed alike on every rank from the global shapes. */
+/* The largest of each figure over all ranks, computed alike on every rank from the global shapes: work in the
+ * number of target ranks times source classes, which the planner keeps at most DTL__XMAP_MAX_PAIRS on one mesh. */
+#define DTL__XMAP_MAX_PAIRS ((uint64_t)1 << 24)
 void dtl__xmap_volume_max(const dtl__xmap *x, dtl__xvolume *out);
 
 #endif

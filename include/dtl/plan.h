@@ -25,12 +25,16 @@ typedef struct dtl_plan dtl_plan;
 #define DTL_COST_ALPHA DTL_BIT(0)
 #define DTL_COST_BETA DTL_BIT(1)
 #define DTL_COST_LOCAL_BETA DTL_BIT(2)
+#define DTL_COST_INTER_ALPHA DTL_BIT(3)
+#define DTL_COST_INTER_BETA DTL_BIT(4)
 typedef struct {
   uint64_t mask;
   uint64_t flags;
-  double alpha_s;
+  double alpha_s;         /* links within a node (the intra-node link class) */
   double beta_s_per_byte;
   double local_beta_s_per_byte;
+  double inter_alpha_s;   /* links between nodes: a step whose groups span nodes pays these */
+  double inter_beta_s_per_byte;
 } dtl_cost_model;
 
 /* The built-in model of an engine, every mask bit set (flags 0): DTL_MEMORY_HOST is MPI (alpha 2 us, beta

@@ -3,17 +3,27 @@
  * kind, per rank and as the maximum over the mesh computed from the global shape. */
 #include <errno.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include "redistribute/cost.h"
 
-/* Host MPI: ~2 us per message round, ~5 GB/s per link, ~10 GB/s memcpy. NCCL: ~10 us per round (kernel
- * launch and protocol), ~100 GB/s NVLink, ~1 TB/s device memory. Orders of magnitude, not calibrations:
- * they decide between plans, and DTL_PLAN_TUNE or dtl_plan_create_with_cost fit them to a machine. */
-static const dtl_cost_model dtl__cost_mpi = {
-    .mask = DTL__COST_ALL, .alpha_s = 2e-6, .beta_s_per_byte = 2e-10, .local_beta_s_per_byte = 1e-10};
-static const dtl_cost_model dtl__cost_nccl = {
-    .mask = DTL__COST_ALL, .alpha_s = 1e-5, .beta_s_per_byte = 1e-11, .local_beta_s_per_byte = 1e-12};
+/* Host MPI: ~2 us per message round, ~5 GB/s per link, ~10 GB/s memcpy; between nodes ~5 us and ~1.25 GB/s
+ * (10 GbE-class). NCCL: ~10 us per round (kernel launch and protocol), ~100 GB/s NVLink, ~1 TB/s device memory;
+ * between nodes ~20 us and ~25 GB/s (one 200 Gb/s NIC). Orders of magnitude, not calibrations: they decide
+ * between plans, and DTL_PLAN_TUNE, DTL_PROFILE or dtl_plan_create_with_cost fit them to a machine. */
+static const dtl_cost_model dtl__cost_mpi = {.mask = DTL__COST_ALL,
+                                             .alpha_s = 2e-6,
+                                             .beta_s_per_byte = 2e-10,
+                                             .local_beta_s_per_byte = 1e-10,
+                                             .inter_alpha_s = 5e-6,
+                                             .inter_beta_s_per_byte = 8e-10};
+static const dtl_cost_model dtl__cost_nccl = {.mask = DTL__COST_ALL,
+                                              .alpha_s = 1e-5,
+                                              .beta_s_per_byte = 1e-11,
+                                              .local_beta_s_per_byte = 1e-12,
+                                              .inter_alpha_s = 2e-5,
+                                              .inter_beta_s_per_byte = 4e-11};
 
 dtl_status dtl_cost_model_default(dtl_memory memory, dtl_cost_model *out) {
   static const char fn[] = "dtl_cost_model_default";
@@ -24,16 +34,29 @@ dtl_status dtl_cost_model_default(dtl_memory memory, dtl_cost_model *out) {
   return DTL_OK;
 }
 
+/* The fields of the model: their DTL_PLAN_TUNE key, their mask bit, their struct member. */
+static const struct {
+  const char *key, *member;
+  uint64_t bit;
+  size_t offset;
+} dtl__cost_fields[] = {
+    {"alpha", "alpha_s", DTL_COST_ALPHA, offsetof(dtl_cost_model, alpha_s)},
+    {"beta", "beta_s_per_byte", DTL_COST_BETA, offsetof(dtl_cost_model, beta_s_per_byte)},
+    {"local_beta", "local_beta_s_per_byte", DTL_COST_LOCAL_BETA, offsetof(dtl_cost_model, local_beta_s_per_byte)},
+    {"inter_alpha", "inter_alpha_s", DTL_COST_INTER_ALPHA, offsetof(dtl_cost_model, inter_alpha_s)},
+    {"inter_beta", "inter_beta_s_per_byte", DTL_COST_INTER_BETA, offsetof(dtl_cost_model, inter_beta_s_per_byte)},
+};
+enum { DTL__COST_NFIELDS = sizeof dtl__cost_fields / sizeof *dtl__cost_fields };
+
+static double *dtl__cost_field(dtl_cost_model *m, int k) { return (double *)((char *)m + dtl__cost_fields[k].offset); }
+
 static bool dtl__cost_value_ok(double v) { return isfinite(v) && v >= 0; }
 
 dtl_status dtl__cost_parse_tune(const char *fn, const char *text, dtl_cost_model *inout) {
-  static const struct {
-    const char *key;
-    uint64_t bit;
-  } keys[] = {{"alpha", DTL_COST_ALPHA}, {"beta", DTL_COST_BETA}, {"local_beta", DTL_COST_LOCAL_BETA}};
   static const char expected[] =
-      "expected comma-separated key=value with keys alpha (s), beta (s/B), local_beta (s/B), each at most once, "
-      "values finite and >= 0, no blanks, e.g. \"alpha=2e-6,beta=2e-10,local_beta=1e-10\"";
+      "expected comma-separated key=value with keys alpha (s), beta (s/B), local_beta (s/B), inter_alpha (s), "
+      "inter_beta (s/B), each at most once, values finite and >= 0, no blanks, e.g. \"alpha=2e-6,beta=2e-10,"
+      "local_beta=1e-10\"";
   dtl_cost_model m = *inout;
   uint64_t seen = 0;
   char qt[DTL__QUOTE_CAP], qe[DTL__QUOTE_CAP]; /* the text and the bad entry, quoted for the message */
@@ -52,28 +75,26 @@ dtl_status dtl__cost_parse_tune(const char *fn, const char *text, dtl_cost_model
     int k = -1;
     if (eq) {
       *eq = '\0';
-      for (int i = 0; i < 3; i++)
-        if (strcmp(entry, keys[i].key) == 0) k = i;
+      for (int i = 0; i < DTL__COST_NFIELDS; i++)
+        if (strcmp(entry, dtl__cost_fields[i].key) == 0) k = i;
       *eq = '=';
     }
     if (k < 0)
       return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "DTL_PLAN_TUNE=\"%s\": entry \"%s\" has no known key (%s)",
                            dtl__quote(text, qt, sizeof qt), dtl__quote(entry, qe, sizeof qe), expected);
-    if (seen & keys[k].bit)
+    if (seen & dtl__cost_fields[k].bit)
       return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "DTL_PLAN_TUNE=\"%s\": %s is given twice (%s)",
-                           dtl__quote(text, qt, sizeof qt),
-                           keys[k].key, expected);
+                           dtl__quote(text, qt, sizeof qt), dtl__cost_fields[k].key, expected);
     const char *num = eq + 1;
     char *stop = NULL;
     errno = 0;
     double v = (*num && *num != ' ' && *num != '\t') ? strtod(num, &stop) : NAN;
     if (!stop || stop == num || *stop != '\0' || errno == ERANGE || !dtl__cost_value_ok(v))
       return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "DTL_PLAN_TUNE=\"%s\": %s=\"%s\" is not a finite number >= 0 (%s)",
-                           dtl__quote(text, qt, sizeof qt), keys[k].key, dtl__quote(num, qe, sizeof qe), expected);
-    seen |= keys[k].bit;
-    if (k == 0) m.alpha_s = v;
-    if (k == 1) m.beta_s_per_byte = v;
-    if (k == 2) m.local_beta_s_per_byte = v;
+                           dtl__quote(text, qt, sizeof qt), dtl__cost_fields[k].key, dtl__quote(num, qe, sizeof qe),
+                           expected);
+    seen |= dtl__cost_fields[k].bit;
+    *dtl__cost_field(&m, k) = v;
     if (!end) break;
     p = end + 1;
     if (!*p)
@@ -91,17 +112,15 @@ dtl_status dtl__cost_resolve(const char *fn, const dtl_mesh *mesh, const dtl_cos
   if (tune) DTL_TRY(dtl__cost_parse_tune(fn, tune, &m));
   if (over) {
     DTL_TRY(dtl__check_bits(fn, "cost->mask", over->mask,
-                            DTL__BITS(DTL_COST_ALPHA, DTL_COST_BETA, DTL_COST_LOCAL_BETA)));
+                            DTL__BITS(DTL_COST_ALPHA, DTL_COST_BETA, DTL_COST_LOCAL_BETA, DTL_COST_INTER_ALPHA,
+                                      DTL_COST_INTER_BETA)));
     DTL_TRY(dtl__check_bits(fn, "cost->flags", over->flags, DTL__NO_BITS));
-    DTL_CHECK_ARG(!(over->mask & DTL_COST_ALPHA) || dtl__cost_value_ok(over->alpha_s), fn,
-                  "cost->alpha_s=%g (expected finite and >= 0)", over->alpha_s);
-    DTL_CHECK_ARG(!(over->mask & DTL_COST_BETA) || dtl__cost_value_ok(over->beta_s_per_byte), fn,
-                  "cost->beta_s_per_byte=%g (expected finite and >= 0)", over->beta_s_per_byte);
-    DTL_CHECK_ARG(!(over->mask & DTL_COST_LOCAL_BETA) || dtl__cost_value_ok(over->local_beta_s_per_byte), fn,
-                  "cost->local_beta_s_per_byte=%g (expected finite and >= 0)", over->local_beta_s_per_byte);
-    if (over->mask & DTL_COST_ALPHA) m.alpha_s = over->alpha_s;
-    if (over->mask & DTL_COST_BETA) m.beta_s_per_byte = over->beta_s_per_byte;
-    if (over->mask & DTL_COST_LOCAL_BETA) m.local_beta_s_per_byte = over->local_beta_s_per_byte;
+    for (int k = 0; k < DTL__COST_NFIELDS; k++) {
+      if (!(over->mask & dtl__cost_fields[k].bit)) continue;
+      double v = *dtl__cost_field((dtl_cost_model *)over, k);
+      DTL_CHECK_ARG(dtl__cost_value_ok(v), fn, "cost->%s=%g (expected finite and >= 0)", dtl__cost_fields[k].member, v);
+      *dtl__cost_field(&m, k) = v;
+    }
   }
   m.mask = DTL__COST_ALL;
   *out = m;

@@ -8,7 +8,7 @@
 
 #include "redistribute/xmap.h"
 
-#define DTL__COST_ALL (DTL_COST_ALPHA | DTL_COST_BETA | DTL_COST_LOCAL_BETA)
+#define DTL__COST_ALL (DTL_COST_ALPHA | DTL_COST_BETA | DTL_COST_LOCAL_BETA | DTL_COST_INTER_ALPHA | DTL_COST_INTER_BETA)
 
 /* The model a plan over m uses: the defaults of m's engine (abstract meshes: MPI), then the fields named in
  * the DTL_PLAN_TUNE environment variable, then the fields of over (may be NULL) whose mask bit is set.

@@ -223,8 +223,10 @@ static void bad_cost_models_are_rejected_naming_the_field(void **state) {
     dtl_cost_model c;
     const char *names;
   } bad[] = {
-      {{.mask = DTL_BIT(3)},
-       "cost->mask=0x8 has unknown bits 0x8 (known: DTL_COST_ALPHA, DTL_COST_BETA, DTL_COST_LOCAL_BETA)"},
+      {{.mask = DTL_BIT(5)},
+       "cost->mask=0x20 has unknown bits 0x20 (known: DTL_COST_ALPHA, DTL_COST_BETA, DTL_COST_LOCAL_BETA, "
+       "DTL_COST_INTER_ALPHA, DTL_COST_INTER_BETA)"},
+      {{.mask = DTL_COST_INTER_BETA, .inter_beta_s_per_byte = -1}, "cost->inter_beta_s_per_byte=-1"},
       {{.mask = DTL_COST_ALPHA | DTL_BIT(40)}, "cost->mask=0x10000000001 has unknown bits 0x10000000000"},
       {{.flags = DTL_BIT(0)}, "cost->flags=0x1 has unknown bits 0x1 (none are defined)"},
       {{.mask = DTL_COST_ALPHA, .alpha_s = -1e-6}, "cost->alpha_s=-1e-06 (expected finite and >= 0)"},

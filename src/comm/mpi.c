@@ -423,9 +423,13 @@ static dtl_status mpi_all_reduce_call(dtl_comm *c, const void *send, void *recv,
  * start of one buffer (send); the result then moves to recv once the call completes. */
 static void dtl__mpi_reduce_scatter_buffers(dtl__mpi_call *k, const void *send, void *recv, size_t offset,
                                            size_t block_bytes, const void **s, void **r) {
+  static char nothing; /* where an empty block "lands" when its pointer equals send's (MPICH refuses aliases) */
   *s = send;
   *r = recv;
-  if (!dtl__ptr_at(recv, send, offset)) return;
+  if (!dtl__ptr_at(recv, send, offset)) {
+    if (block_bytes == 0 && recv == send) *r = &nothing;
+    return;
+  }
   *s = MPI_IN_PLACE;
   *r = (char *)recv - offset;
   k->after.move_dst = recv;

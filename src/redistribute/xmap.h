@@ -70,7 +70,7 @@ typedef struct {
 void dtl__xmap_volume_at(const dtl__xmap *x, int r, int q, dtl__xvolume *out);
 /* The largest of each figure over all ranks, computed alike on every rank from the global shapes: work in the
  * number of target ranks times source classes, which the planner keeps at most DTL__XMAP_MAX_PAIRS on one mesh. */
-#define DTL__XMAP_MAX_PAIRS ((uint64_t)1 << 24)
+#define DTL__XMAP_MAX_PAIRS ((uint64_t)1 << 20)
 void dtl__xmap_volume_max(const dtl__xmap *x, dtl__xvolume *out);
 
 #endif

@@ -166,10 +166,12 @@ static void dtl__put_nodes(dtl__text *t, const dtl_mesh *m) {
     if (hi > lo) dtl__put(t, "%s%d-%d on node %d", lo ? ", " : "", lo, hi, node);
     else dtl__put(t, "%s%d on node %d", lo ? ", " : "", lo, node);
   }
-  dtl__put(t, " (mesh dim");
-  for (int md = 0, k = 0; md < m->ndim; md++)
-    if (m->dim_inter[md]) dtl__put(t, k++ ? ",%d" : " %d", md);
-  dtl__put(t, " crosses nodes)\n");
+  int k = 0;
+  for (int md = 0; md < m->ndim; md++) k += m->dim_inter[md];
+  dtl__put(t, " (mesh dim%s", k > 1 ? "s" : "");
+  for (int md = 0, i = 0; md < m->ndim; md++)
+    if (m->dim_inter[md]) dtl__put(t, i++ ? ",%d" : " %d", md);
+  dtl__put(t, " cross%s nodes)\n", k > 1 ? "" : "es");
 }
 
 /* "3:6" into tmp; returns its length. */

@@ -283,7 +283,7 @@ static int cmd_info(int argc, char **argv) {
     fprintf(out, "  %-22s alpha=%g beta=%g local_beta=%g   (%.0f GB/s links, %.0f GB/s local)\n",
            k ? "nccl (device memory)" : "mpi (host memory)", c.alpha_s, c.beta_s_per_byte, c.local_beta_s_per_byte,
            1e-9 / c.beta_s_per_byte, 1e-9 / c.local_beta_s_per_byte);
-    fprintf(out, "  %-22s inter_alpha=%g inter_beta=%g   (%.2f GB/s between nodes)\n", "", c.inter_alpha_s,
+    fprintf(out, "  %-22s inter_alpha=%g inter_beta=%g   (%.3g GB/s between nodes)\n", "", c.inter_alpha_s,
            c.inter_beta_s_per_byte, 1e-9 / c.inter_beta_s_per_byte);
   }
   fprintf(out, "environment variables read by dtl:\n");

@@ -61,6 +61,12 @@ static inline int dtl__mesh_index(const dtl_mesh *m) {
 }
 /* The parent rank of mesh rank r. */
 static inline int dtl__mesh_parent_rank(const dtl_mesh *m, int r) { return m->ranks ? m->ranks[r] : r; }
+/* The distance in mesh ranks between neighbours along mesh dim d (row-major: the product of the later dims). */
+static inline int dtl__mesh_stride(const dtl_mesh *m, int d) {
+  int stride = 1;
+  for (int e = d + 1; e < m->ndim; e++) stride *= m->shape[e];
+  return stride;
+}
 /* The node of mesh rank r: its parent rank's, or on an abstract mesh r / ranks_per_node. */
 static inline int dtl__mesh_node(const dtl_mesh *m, int r) {
   if (!m->parent) return m->ranks_per_node ? r / m->ranks_per_node : 0;

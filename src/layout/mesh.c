@@ -74,8 +74,7 @@ int dtl_mesh_is_abstract(const dtl_mesh *m) { return m && m->parent == NULL; }
  * group's span (shape[d] - 1) x stride reaches the next node. The bases are hi x period + lo (lo < stride), and
  * hi x period modulo rpn repeats within rpn values of hi: closed form, whatever the mesh's size. */
 static bool dtl__mesh_abstract_crosses(const dtl_mesh *m, int d, int64_t rpn) {
-  int64_t stride = 1;
-  for (int e = d + 1; e < m->ndim; e++) stride *= m->shape[e];
+  int64_t stride = dtl__mesh_stride(m, d);
   int64_t span = (int64_t)(m->shape[d] - 1) * stride, period = stride * m->shape[d], nhi = m->size / period;
   if (span == 0) return false;
   if (span >= rpn) return true;
@@ -98,8 +97,7 @@ static void dtl__mesh_find_nodes(dtl_mesh *m) {
       continue;
     }
     if (dtl__comm_nnodes(m->parent) == 1) continue;
-    int stride = 1;
-    for (int e = d + 1; e < m->ndim; e++) stride *= m->shape[e];
+    int stride = dtl__mesh_stride(m, d);
     for (int r = 0; r < m->size && !m->dim_inter[d]; r++) {
       dtl__mesh_coord_of_rank(m, r, coord);
       if (coord[d] == 0) continue;

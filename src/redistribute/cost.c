@@ -280,9 +280,8 @@ void dtl__step_volume_max(const dtl_layout *g, dtl__step_kind kind, int m, const
 uint64_t dtl__step_remote_bytes(const dtl_mesh *mesh, dtl__step_kind kind, int m, const int *coord, uint64_t send) {
   int p = mesh->shape[m];
   if (!mesh->dim_inter[m] || dtl__step_rounds(kind, p) == 0) return 0;
-  int me = 0, stride = 1;
+  int me = 0, stride = dtl__mesh_stride(mesh, m);
   for (int d = 0; d < mesh->ndim; d++) me = me * mesh->shape[d] + coord[d];
-  for (int d = m + 1; d < mesh->ndim; d++) stride *= mesh->shape[d];
   int base = me - coord[m] * stride, node = dtl__mesh_node(mesh, me);
   if (kind != DTL__STEP_ALL_TO_ALL)
     return dtl__mesh_node(mesh, base + (coord[m] + 1) % p * stride) != node ? send : 0;

@@ -23,13 +23,16 @@ static const char usage[] =
     "\n"
     "commands:\n"
     "  plan  --mesh 2x4 --shape 8,6 --from S0,R --to R,S1 [--dtype f32] [--coord 0,1]\n"
-    "        [--alpha S] [--beta S/B] [--local-beta S/B]\n"
+    "        [--alpha S] [--beta S/B] [--local-beta S/B] [--inter-alpha S] [--inter-beta S/B]\n"
+    "        [--ranks-per-node N]\n"
     "        print how dtl redistributes a tensor between two layouts: each step's mesh dim,\n"
     "        collective, tensor dims, bytes sent and received at the coordinate (default all\n"
     "        zeros) and estimated time, then the total (cost model: the MPI defaults, then\n"
-    "        DTL_PLAN_TUNE, then --alpha/--beta/--local-beta)\n"
-    "  show  --mesh 2x2 --shape 8,8 [--dtype f32] PLACEMENTS\n"
-    "        draw which mesh coordinates hold which block of a 1-D or 2-D tensor\n"
+    "        DTL_PLAN_TUNE, then the options). --ranks-per-node N puts N consecutive ranks on\n"
+    "        each node: steps over mesh dims that cross nodes pay inter_alpha/inter_beta, and\n"
+    "        each step shows its link class and the bytes it sends to other nodes (xnode)\n"
+    "  show  --mesh 2x2 --shape 8,8 [--dtype f32] [--ranks-per-node N] PLACEMENTS\n"
+    "        draw which mesh coordinates hold which block of a 1-D or 2-D tensor (and the nodes)\n"
     "  info  version, backends built, default cost models, environment variables read\n"
     "  help  this text (also --help, -h)\n"
     "\n"
@@ -89,7 +92,8 @@ static bool parse_seconds(const char *text, double *out) {
 }
 
 typedef struct {
-  const char *mesh, *shape, *dtype, *from, *to, *coord, *alpha, *beta, *local_beta, *positional;
+  const char *mesh, *shape, *dtype, *from, *to, *coord, *alpha, *beta, *local_beta, *inter_alpha, *inter_beta;
+  const char *ranks_per_node, *positional;
 } options;
 
 /* Reads "--name value" and "--name=value" pairs (and at most one positional argument when allowed). */
@@ -101,6 +105,8 @@ static int parse_options(const char *cmd, int argc, char **argv, options *o, boo
       {"mesh", offsetof(options, mesh)},   {"shape", offsetof(options, shape)},           {"dtype", offsetof(options, dtype)},
       {"from", offsetof(options, from)},   {"to", offsetof(options, to)},                 {"coord", offsetof(options, coord)},
       {"alpha", offsetof(options, alpha)}, {"beta", offsetof(options, beta)},             {"local-beta", offsetof(options, local_beta)},
+      {"inter-alpha", offsetof(options, inter_alpha)}, {"inter-beta", offsetof(options, inter_beta)},
+      {"ranks-per-node", offsetof(options, ranks_per_node)},
   };
   for (int i = 0; i < argc; i++) {
     const char *a = argv[i];
@@ -155,7 +161,15 @@ static int make_mesh(const char *cmd, const options *o, dtl_mesh **mesh, dtl_dty
   for (int i = 0; i < n; i++) shape[i] = v[i];
   *dtype = DTL_FLOAT32;
   if (o->dtype && dtl_dtype_parse(o->dtype, dtype) != DTL_OK) return bad_args(cmd, "--dtype: %s", dtl_last_error());
+  int rpn = 0;
+  if (o->ranks_per_node) {
+    if (!parse_ints(o->ranks_per_node, ',', 1, 1, v, &n))
+      return bad_args(cmd, "--ranks-per-node \"%s\": expected one whole number >= 1 (ranks per node)",
+                      q(o->ranks_per_node));
+    rpn = (int)v[0];
+  }
   dtl_status st = dtl_mesh_create_abstract(mn, ms, coord, mesh);
+  if (st == DTL_OK && rpn) st = dtl_mesh_set_ranks_per_node(*mesh, rpn);
   return st == DTL_OK ? 0 : failed(cmd, st);
 }
 
@@ -186,8 +200,10 @@ static int cmd_plan(int argc, char **argv) {
     double *field;
   } knobs[] = {{o.alpha, "--alpha", DTL_COST_ALPHA, &cost.alpha_s},
                {o.beta, "--beta", DTL_COST_BETA, &cost.beta_s_per_byte},
-               {o.local_beta, "--local-beta", DTL_COST_LOCAL_BETA, &cost.local_beta_s_per_byte}};
-  for (int k = 0; k < 3; k++) {
+               {o.local_beta, "--local-beta", DTL_COST_LOCAL_BETA, &cost.local_beta_s_per_byte},
+               {o.inter_alpha, "--inter-alpha", DTL_COST_INTER_ALPHA, &cost.inter_alpha_s},
+               {o.inter_beta, "--inter-beta", DTL_COST_INTER_BETA, &cost.inter_beta_s_per_byte}};
+  for (int k = 0; k < (int)(sizeof knobs / sizeof *knobs); k++) {
     if (!knobs[k].text) continue;
     if (!parse_seconds(knobs[k].text, knobs[k].field))
       return bad_args(cmd, "%s \"%s\": expected a finite number of seconds >= 0 (e.g. 2e-6)", knobs[k].name,
@@ -229,8 +245,8 @@ static int cmd_show(int argc, char **argv) {
   options o = {0};
   int rc = parse_options(cmd, argc, argv, &o, true);
   if (rc) return rc;
-  if (o.from || o.to || o.coord || o.alpha || o.beta || o.local_beta)
-    return bad_args(cmd, "takes --mesh, --shape, --dtype and the placements only");
+  if (o.from || o.to || o.coord || o.alpha || o.beta || o.local_beta || o.inter_alpha || o.inter_beta)
+    return bad_args(cmd, "takes --mesh, --shape, --dtype, --ranks-per-node and the placements only");
   if (!o.positional) return bad_args(cmd, "the placements are required (e.g. dtl show --mesh 2x2 --shape 8,8 S0,S1)");
   dtl_mesh *m = NULL;
   dtl_layout *l = NULL;
@@ -267,6 +283,8 @@ static int cmd_info(int argc, char **argv) {
     fprintf(out, "  %-22s alpha=%g beta=%g local_beta=%g   (%.0f GB/s links, %.0f GB/s local)\n",
            k ? "nccl (device memory)" : "mpi (host memory)", c.alpha_s, c.beta_s_per_byte, c.local_beta_s_per_byte,
            1e-9 / c.beta_s_per_byte, 1e-9 / c.local_beta_s_per_byte);
+    fprintf(out, "  %-22s inter_alpha=%g inter_beta=%g   (%.3g GB/s between nodes)\n", "", c.inter_alpha_s,
+           c.inter_beta_s_per_byte, 1e-9 / c.inter_beta_s_per_byte);
   }
   fprintf(out, "environment variables read by dtl:\n");
   print_env("DTL_LOG", "log level: error, warn, info or debug (default warn)");
@@ -279,7 +297,11 @@ static int cmd_info(int argc, char **argv) {
                         "choice); read when a communicator is made");
   print_env("DTL_ALGO_TABLE", "file replacing the MPI algorithm table below (same format); read when a communicator "
                               "is made");
-  print_env("DTL_PLAN_TUNE", "override the planner's cost model, e.g. alpha=2e-6,beta=2e-10,local_beta=1e-10");
+  print_env("DTL_RANKS_PER_NODE", "n: simulate nodes of n consecutive ranks (of MPI_COMM_WORLD; NCCL: of the "
+                                  "communicator) instead of detecting shared-memory nodes; read when a communicator "
+                                  "is made");
+  print_env("DTL_PLAN_TUNE", "override the planner's cost model, e.g. alpha=2e-6,beta=2e-10,local_beta=1e-10 "
+                             "(also inter_alpha, inter_beta: the link class between nodes)");
   /* Whether DTL_PLAN_TUNE parses: plan something trivial with it. */
   if (getenv("DTL_PLAN_TUNE")) {
     dtl_mesh *m = NULL;

@@ -59,6 +59,20 @@ DTL_API dtl_comm *dtl_mesh_dim_comm(const dtl_mesh *m, int mesh_dim);
 /* Row-major conversions between a coordinate and a mesh rank (a rank of the mesh communicator). */
 DTL_API dtl_status dtl_mesh_rank_of(const dtl_mesh *m, const int *coord, int *rank);
 DTL_API dtl_status dtl_mesh_coord_of(const dtl_mesh *m, int rank, int *coord);
+/* Nodes. A communicator learns the node (host) of each of its ranks when it is made: dtl_comm_from_mpi groups the
+ * ranks that share memory (MPI_Comm_split_type MPI_COMM_TYPE_SHARED), or, with DTL_RANKS_PER_NODE=n in the
+ * environment, n consecutive ranks of MPI_COMM_WORLD per node (to simulate nodes on one machine); dtl_comm_split
+ * keeps them. NCCL communicators count as one node unless DTL_RANKS_PER_NODE is set (n consecutive ranks of the
+ * NCCL communicator). A mesh dim crosses nodes when some group along it (the ranks differing only in that
+ * coordinate) holds ranks of two nodes; the planner then prices its steps with the inter-node link class of the
+ * cost model (inter_alpha_s, inter_beta_s_per_byte). *out gets 1 when mesh_dim crosses nodes, else 0. */
+DTL_API dtl_status dtl_mesh_dim_crosses_nodes(const dtl_mesh *m, int mesh_dim, int *out);
+/* *node gets the node of mesh rank `rank` (dense ids from 0, in order of first appearance on the parent). */
+DTL_API dtl_status dtl_mesh_node_of(const dtl_mesh *m, int rank, int *node);
+/* Gives an abstract mesh nodes of ranks_per_node consecutive mesh ranks (abstract meshes start on one node), for
+ * planning as on that machine without MPI (`dtl plan --ranks-per-node`). Call it before making layouts on the
+ * mesh. DTL_ERR_INVALID_ARGUMENT on a mesh with communicators (its nodes come from them) or ranks_per_node < 1. */
+DTL_API dtl_status dtl_mesh_set_ranks_per_node(dtl_mesh *m, int ranks_per_node);
 /* Frees the communicators the mesh made and its plan cache. */
 DTL_API void dtl_mesh_destroy(dtl_mesh *m);
 

@@ -13,7 +13,11 @@ extern "C" {
 
 /* Wraps comm (duplicated with MPI_Comm_dup, so dtl's traffic never mixes with the caller's, and set to
  * MPI_ERRORS_RETURN). Collective over comm, and agreed: when one rank fails (out of memory), every rank
- * returns an error and none keeps a communicator. MPI must be initialized. */
+ * returns an error and none keeps a communicator. MPI must be initialized. It also learns the node of each rank
+ * (<dtl/mesh.h>, "Nodes"): the ranks that share memory (MPI_Comm_split_type MPI_COMM_TYPE_SHARED and one
+ * all-gather), or with DTL_RANKS_PER_NODE=n, n consecutive ranks of MPI_COMM_WORLD per node. Every rank must run
+ * with the same DTL_RANKS_PER_NODE (else DTL_ERR_MISMATCH on every rank); a value that is not a whole number >= 1
+ * is DTL_ERR_INVALID_ARGUMENT naming it. */
 DTL_API dtl_status dtl_comm_from_mpi(MPI_Comm comm, dtl_comm **out);
 /* The duplicated communicator dtl uses (for timing raw MPI beside dtl). */
 DTL_API MPI_Comm dtl_comm_mpi_handle(const dtl_comm *c);

@@ -51,7 +51,8 @@ extern "C" {
 /* Wraps comm; all work is enqueued on stream (0 = the legacy default stream), which must belong to the
  * comm's device. The ncclComm_t stays the caller's: dtl_comm_destroy does not destroy it (but
  * dtl_comm_abort does, see above). Communicators split from the result are dtl's and are destroyed by
- * dtl_comm_destroy. */
+ * dtl_comm_destroy. NCCL has no host channel to learn nodes on: the communicator counts as one node, unless
+ * DTL_RANKS_PER_NODE=n puts n consecutive ranks of comm on each node (splits count as one node). */
 DTL_API dtl_status dtl_comm_from_nccl(ncclComm_t comm, cudaStream_t stream, dtl_comm **out);
 /* The stream of an NCCL communicator; NULL for NULL or a communicator of another backend. */
 DTL_API cudaStream_t dtl_comm_nccl_stream(const dtl_comm *c);

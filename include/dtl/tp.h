@@ -77,7 +77,9 @@ typedef struct {
 } dtl_tp_options;
 
 /* mesh must have communicators (not abstract); tp_dim in 0..ndim-1; opt may be NULL. The context keeps a
- * reference to mesh: destroy the context (and its layers) before the mesh. */
+ * reference to mesh: destroy the context (and its layers) before the mesh. When tp_dim crosses nodes
+ * (dtl_mesh_dim_crosses_nodes) it logs a warning (DTL_LOG=warn, subsystem "tp"): every layer would communicate
+ * between nodes. */
 DTL_API dtl_status dtl_tp_context_create(const dtl_mesh *mesh, int tp_dim, const dtl_tp_options *opt,
                                          dtl_tp_context **out);
 DTL_API int dtl_tp_context_size(const dtl_tp_context *ctx); /* TP group size; -1 for NULL */

@@ -94,6 +94,10 @@ struct dtl_comm {
   bool check;
   void *agree_buf; /* the agreement's staging in device memory (NULL on host communicators) */
   size_t agree_bytes;
+  /* The node (host) of each rank: dense ids 0..nnodes-1 in order of first appearance (size entries, owned; all 0
+   * until the transport learns better). Learned when the communicator is made (transports: mpi.c, nccl.c). */
+  int *node;
+  int nnodes;
   void *impl; /* the backend's state */
 };
 
@@ -114,8 +118,19 @@ static inline bool dtl__overlap(const void *a, size_t a_bytes, const void *b, si
   return a_bytes && b_bytes && (uintptr_t)a < (uintptr_t)b + b_bytes && (uintptr_t)b < (uintptr_t)a + a_bytes;
 }
 
-/* Allocates a dtl_comm around impl whose buffers live in mem (the backend fills the rest); reads DTL_CHECK. */
+/* Allocates a dtl_comm around impl whose buffers live in mem (the backend fills the rest); reads DTL_CHECK. Its
+ * node table starts as one node. */
 dtl_status dtl__comm_new(const dtl__comm_ops *ops, dtl__mem mem, int rank, int size, void *impl, dtl_comm **out);
+
+/* The node of rank (0..size-1) of c, and how many nodes c's ranks span (the calibration and the meshes use these). */
+int dtl__comm_node_of(const dtl_comm *c, int rank);
+int dtl__comm_nnodes(const dtl_comm *c);
+/* DTL_RANKS_PER_NODE: *n gets its value, 0 when unset or empty; anything but a whole number 1..INT_MAX is
+ * DTL_ERR_INVALID_ARGUMENT naming the value (fn prefixes the message). */
+dtl_status dtl__ranks_per_node_from_env(const char *fn, int *n);
+/* Sets c's node table from keys[0..size) (ranks with equal keys share a node, keys >= 0), numbering the nodes in
+ * order of first appearance. scratch: 2 x size ints. Local: no communication, no allocation. */
+void dtl__comm_set_node_keys(dtl_comm *c, const int *keys, int *scratch);
 
 #ifdef __cplusplus
 }

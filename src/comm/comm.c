@@ -3,8 +3,11 @@
  * transport's vtable. A failed validation writes no output buffer. With DTL_CHECK on the communicator, every
  * collective entry point first agrees with its peers on a fingerprint of the call and on each rank's verdict
  * (agree.h); dtl_comm_split always agrees, before and after splitting. */
+#include <errno.h>
+#include <limits.h>
 #include <stdlib.h>
 #include "comm/agree.h"
+#include "common/quote.h"
 
 /* DTL_CHECK: set, non-empty and not "0". */
 static bool dtl__check_from_env(void) {
@@ -21,8 +24,59 @@ dtl_status dtl__comm_new(const dtl__comm_ops *ops, dtl__mem mem, int rank, int s
   c->size = size;
   c->impl = impl;
   c->check = dtl__check_from_env();
+  c->nnodes = 1;
+  if (!(c->node = dtl__calloc((size_t)size, sizeof *c->node))) {
+    dtl__free(c);
+    return dtl__error(DTL_ERR_OUT_OF_MEMORY, "dtl_comm: out of host memory");
+  }
   *out = c;
   return DTL_OK;
+}
+
+int dtl__comm_node_of(const dtl_comm *c, int rank) { return c->node[rank]; }
+int dtl__comm_nnodes(const dtl_comm *c) { return c->nnodes; }
+
+dtl_status dtl__ranks_per_node_from_env(const char *fn, int *n) {
+  const char *v = getenv("DTL_RANKS_PER_NODE");
+  *n = 0;
+  if (!v || !v[0]) return DTL_OK;
+  char *end = NULL;
+  errno = 0;
+  long x = (v[0] >= '0' && v[0] <= '9') ? strtol(v, &end, 10) : 0;
+  if (!end || *end != '\0' || errno == ERANGE || x < 1 || x > INT_MAX) {
+    char q[DTL__QUOTE_CAP];
+    return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "DTL_RANKS_PER_NODE=\"%s\" (expected a whole number of ranks "
+                         "per node, 1..%d)", dtl__quote(v, q, sizeof q), INT_MAX);
+  }
+  *n = (int)x;
+  return DTL_OK;
+}
+
+/* (key, rank) pairs sort by key, then rank: each key's first entry is its first appearance. */
+static int dtl__key_rank_cmp(const void *a, const void *b) {
+  const int *x = a, *y = b;
+  return x[0] != y[0] ? (x[0] > y[0]) - (x[0] < y[0]) : (x[1] > y[1]) - (x[1] < y[1]);
+}
+
+void dtl__comm_set_node_keys(dtl_comm *c, const int *keys, int *scratch) {
+  int n = c->size;
+  for (int i = 0; i < n; i++) {
+    scratch[2 * i] = keys[i];
+    scratch[2 * i + 1] = i;
+  }
+  qsort(scratch, (size_t)n, 2 * sizeof(int), dtl__key_rank_cmp);
+  /* Each rank gets the first rank of its key (which comes no later than itself), then the firsts are numbered in
+   * rank order: scratch's first half is free again and maps a first rank to its node id. */
+  for (int i = 0, lead = 0; i < n; i++) {
+    if (i == 0 || scratch[2 * i] != scratch[2 * (i - 1)]) lead = scratch[2 * i + 1];
+    c->node[scratch[2 * i + 1]] = lead;
+  }
+  int next = 0;
+  for (int i = 0; i < n; i++) {
+    if (c->node[i] == i) scratch[i] = next++;
+    c->node[i] = scratch[c->node[i]];
+  }
+  c->nnodes = next;
 }
 
 int dtl_comm_rank(const dtl_comm *c) { return c ? c->rank : -1; }
@@ -34,6 +88,7 @@ void dtl_comm_destroy(dtl_comm *c) {
   if (!c) return;
   if (c->agree_buf) dtl__mem_free(&c->mem, c->agree_buf);
   c->ops->destroy(c);
+  dtl__free(c->node);
   dtl__free(c);
 }
 

@@ -9,6 +9,7 @@
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
+#include "comm/agree.h"
 #include "comm/mpi_algo.h"
 #include "common/half.h"
 #include "dtl/mpi.h"
@@ -991,11 +992,64 @@ static void dtl__mpi_free(dtl__mpi *m) {
 
 static dtl_status dtl__comm_wrap_mpi(MPI_Comm dup, const dtl__mpi *parent, dtl_comm **out);
 
-/* The new communicator keeps its parent's algorithm table (and limit). */
+/* The new communicator keeps its parent's algorithm table (and limit), and its ranks keep their nodes: each new
+ * rank's parent rank comes from the groups (local), so no communication is needed. */
 static dtl_status mpi_split(dtl_comm *c, int color, int key, dtl_comm **out) {
+  static const char fn[] = "dtl_comm_split";
   MPI_Comm nc;
-  DTL__MPI_CALL("dtl_comm_split", MPI_Comm_split(dtl__mpi_of(c)->comm, color, key, &nc));
-  return dtl__comm_wrap_mpi(nc, dtl__mpi_of(c), out);
+  DTL__MPI_CALL(fn, MPI_Comm_split(dtl__mpi_of(c)->comm, color, key, &nc));
+  dtl_comm *s = NULL;
+  DTL_TRY(dtl__comm_wrap_mpi(nc, dtl__mpi_of(c), &s));
+  if (c->nnodes == 1) {
+    *out = s;
+    return DTL_OK;
+  }
+  size_t n = (size_t)s->size;
+  int *buf = dtl__malloc(sizeof(int) * 4 * n); /* new ranks, their parent ranks, then the keys' sorting scratch */
+  dtl_status st = buf ? DTL_OK : dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory");
+  MPI_Group pg = MPI_GROUP_NULL, ng = MPI_GROUP_NULL;
+  int rc = MPI_SUCCESS;
+  if (st == DTL_OK) {
+    for (size_t i = 0; i < n; i++) buf[i] = (int)i;
+    rc = MPI_Comm_group(dtl__mpi_of(c)->comm, &pg);
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_group(nc, &ng);
+    if (rc == MPI_SUCCESS) rc = MPI_Group_translate_ranks(ng, s->size, buf, pg, buf + n);
+    if (rc != MPI_SUCCESS) st = dtl__mpi_error(fn, rc);
+  }
+  if (pg != MPI_GROUP_NULL) MPI_Group_free(&pg);
+  if (ng != MPI_GROUP_NULL) MPI_Group_free(&ng);
+  if (st == DTL_OK) {
+    for (size_t i = 0; i < n; i++) buf[n + i] = c->node[buf[n + i]];
+    dtl__comm_set_node_keys(s, buf + n, buf + 2 * n);
+  }
+  dtl__free(buf);
+  if (st != DTL_OK) {
+    dtl_comm_destroy(s);
+    return st;
+  }
+  *out = s;
+  return DTL_OK;
+}
+
+/* The key of this rank's node: the rank of MPI_COMM_WORLD divided by DTL_RANKS_PER_NODE (rpn > 0), else the lowest
+ * rank of comm that shares memory with it (MPI_Comm_split_type, collective over comm). */
+static int dtl__mpi_node_key(MPI_Comm comm, int rpn, int *key) {
+  if (rpn > 0) {
+    int w = 0, rc = MPI_Comm_rank(MPI_COMM_WORLD, &w);
+    *key = w / rpn;
+    return rc;
+  }
+  MPI_Comm shm = MPI_COMM_NULL;
+  MPI_Group sg = MPI_GROUP_NULL, cg = MPI_GROUP_NULL;
+  int first = 0;
+  int rc = MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &shm);
+  if (rc == MPI_SUCCESS) rc = MPI_Comm_group(shm, &sg);
+  if (rc == MPI_SUCCESS) rc = MPI_Comm_group(comm, &cg);
+  if (rc == MPI_SUCCESS) rc = MPI_Group_translate_ranks(sg, 1, &first, cg, key); /* shm rank 0: the lowest */
+  if (sg != MPI_GROUP_NULL) MPI_Group_free(&sg);
+  if (cg != MPI_GROUP_NULL) MPI_Group_free(&cg);
+  if (shm != MPI_COMM_NULL) MPI_Comm_free(&shm);
+  return rc;
 }
 
 static dtl_status mpi_check(dtl_comm *c) {
@@ -1086,27 +1140,48 @@ dtl_status dtl_comm_from_mpi(MPI_Comm comm, dtl_comm **out) {
   DTL__MPI_CALL("dtl_comm_from_mpi", MPI_Comm_dup(comm, &dup));
   dtl_comm *c = NULL;
   dtl_status st = dtl__comm_wrap_mpi(dup, NULL, &c);
-  /* A creation agrees, like dtl_comm_split: a rank that ran out of memory (or could not read DTL_ALGO) after the
-   * (collective) duplication must not leave its peers with a communicator it lacks, and every rank must have chosen
-   * the same algorithm table (an algorithm differing between ranks would hang). One all-reduce (max) over comm, which
-   * every rank is calling this function on, of (failed ? (1 + status, size - rank) : 0) and the table's fingerprint
-   * and its negation: the peers learn the first failing rank with the worst status, or that the tables differ. */
-  int rank = 0, size = 1;
+  int rank = 0, size = 1, rpn = 0;
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &size);
-  int64_t fp = c ? (int64_t)(dtl__mpi_of(c)->table.fp >> 1) : 0;
+  /* The node table: DTL_RANKS_PER_NODE and the scratch of its gathering, before the agreement, so that after it
+   * nothing but MPI calls can fail (an MPI failure there is MPI's own: dtl cannot recover from it). */
+  if (st == DTL_OK) st = dtl__ranks_per_node_from_env("dtl_comm_from_mpi", &rpn);
+  int *keys = NULL;
+  if (st == DTL_OK && size > 1 && !(keys = dtl__malloc(sizeof(int) * 3 * (size_t)size)))
+    st = dtl__error(DTL_ERR_OUT_OF_MEMORY, "dtl_comm_from_mpi: out of host memory");
+  /* A creation agrees, like dtl_comm_split: a rank that ran out of memory (or could not read DTL_ALGO or
+   * DTL_RANKS_PER_NODE) after the (collective) duplication must not leave its peers with a communicator it lacks,
+   * and every rank must have chosen the same algorithm table (an algorithm differing between ranks would hang) and
+   * the same node rule (it decides the collectives below). One all-reduce (max) over comm, which every rank is
+   * calling this function on, of (failed ? (1 + status, size - rank) : 0) and the fingerprint of the table and the
+   * rule and its negation: the peers learn the first failing rank with the worst status, or that the choices
+   * differ. */
+  int64_t fp = c ? (int64_t)(dtl__fp_mix(dtl__mpi_of(c)->table.fp, (uint64_t)rpn) >> 1) : 0;
   int64_t v[3] = {st == DTL_OK ? 0 : (int64_t)(1 + (int)st) << 32 | (int64_t)(size - rank), fp, -fp};
   int rc = MPI_Allreduce(MPI_IN_PLACE, v, 3, MPI_INT64_T, MPI_MAX, comm);
   if (rc == MPI_SUCCESS && v[0] == 0 && v[1] == -v[2]) {
-    *out = c;
-    return DTL_OK;
+    /* Every rank got here: each names its node by a key, one all-gather shares the keys. */
+    if (size > 1) {
+      rc = dtl__mpi_node_key(dtl__mpi_of(c)->comm, rpn, &keys[rank]);
+      if (rc == MPI_SUCCESS)
+        rc = MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, keys, 1, MPI_INT, dtl__mpi_of(c)->comm);
+      if (rc == MPI_SUCCESS) dtl__comm_set_node_keys(c, keys, keys + size);
+      dtl__free(keys);
+    }
+    if (rc == MPI_SUCCESS) {
+      *out = c;
+      return DTL_OK;
+    }
+    dtl_comm_destroy(c);
+    return dtl__mpi_error("dtl_comm_from_mpi", rc);
   }
+  dtl__free(keys);
   dtl_comm_destroy(c);
   if (st != DTL_OK) return st;
   if (rc != MPI_SUCCESS) return dtl__mpi_error("dtl_comm_from_mpi", rc);
   if (v[0] == 0)
-    return dtl__error(DTL_ERR_MISMATCH, "dtl_comm_from_mpi: DTL_ALGO or DTL_ALGO_TABLE differs between the ranks "
-                      "(every rank must choose its algorithms alike)");
+    return dtl__error(DTL_ERR_MISMATCH, "dtl_comm_from_mpi: DTL_ALGO, DTL_ALGO_TABLE or DTL_RANKS_PER_NODE differs "
+                      "between the ranks (every rank must choose its algorithms and nodes alike)");
   dtl_status theirs = (dtl_status)((v[0] >> 32) - 1);
   return dtl__error(theirs, "dtl_comm_from_mpi: rank %d failed (%s; its dtl_last_error says why), so no rank went on",
                     size - (int)(v[0] & 0xffffffff), dtl_status_name(theirs));

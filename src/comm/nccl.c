@@ -589,7 +589,18 @@ dtl_status dtl_comm_from_nccl(ncclComm_t comm, cudaStream_t stream, dtl_comm **o
       return dtl__error(DTL_ERR_INVALID_ARGUMENT, "%s: stream belongs to device %d but comm to device %d", fn, sdev, cdev);
   }
 #endif
-  return dtl__comm_wrap_nccl(fn, comm, stream, false, out);
+  /* NCCL gives no host channel to learn the nodes on: one node, unless DTL_RANKS_PER_NODE=n groups n consecutive
+   * ranks of this communicator (its splits are taken as one node). */
+  int rpn = 0;
+  DTL_TRY(dtl__ranks_per_node_from_env(fn, &rpn));
+  dtl_comm *c = NULL;
+  DTL_TRY(dtl__comm_wrap_nccl(fn, comm, stream, false, &c));
+  if (rpn > 1 && c->size > rpn) {
+    c->nnodes = (c->size + rpn - 1) / rpn;
+    for (int r = 0; r < c->size; r++) c->node[r] = r / rpn;
+  }
+  *out = c;
+  return DTL_OK;
 }
 
 cudaStream_t dtl_comm_nccl_stream(const dtl_comm *c) {

@@ -35,6 +35,10 @@ struct dtl_mesh {
   int coord[DTL_MAX_MESH_DIMS];          /* all zeros outside the mesh */
   dtl_comm *dim_comm[DTL_MAX_MESH_DIMS]; /* owned; NULL outside the mesh */
   dtl__mesh_memo *memo;                  /* never NULL; allocated with the mesh */
+  /* The nodes: an abstract mesh's ranks per node (0: one node), and per mesh dim whether some group along it holds
+   * ranks of two nodes (its steps then pay the inter-node link class), the same on every rank of the parent. */
+  int ranks_per_node;
+  bool dim_inter[DTL_MAX_MESH_DIMS];
 };
 
 struct dtl_layout {
@@ -57,6 +61,17 @@ static inline int dtl__mesh_index(const dtl_mesh *m) {
 }
 /* The parent rank of mesh rank r. */
 static inline int dtl__mesh_parent_rank(const dtl_mesh *m, int r) { return m->ranks ? m->ranks[r] : r; }
+/* The distance in mesh ranks between neighbours along mesh dim d (row-major: the product of the later dims). */
+static inline int dtl__mesh_stride(const dtl_mesh *m, int d) {
+  int stride = 1;
+  for (int e = d + 1; e < m->ndim; e++) stride *= m->shape[e];
+  return stride;
+}
+/* The node of mesh rank r: its parent rank's, or on an abstract mesh r / ranks_per_node. */
+static inline int dtl__mesh_node(const dtl_mesh *m, int r) {
+  if (!m->parent) return m->ranks_per_node ? r / m->ranks_per_node : 0;
+  return dtl__comm_node_of(m->parent, dtl__mesh_parent_rank(m, r));
+}
 /* The memory of the mesh's buffers: its communicator's, the parent's outside the mesh, host on abstract meshes. */
 static inline const dtl__mem *dtl__mesh_mem(const dtl_mesh *m) {
   static const dtl__mem host = {&dtl__host_mem_ops, -1, NULL};

@@ -69,6 +69,72 @@ dtl_status dtl_mesh_create_abstract(int ndim, const int *shape, const int *coord
 
 int dtl_mesh_is_abstract(const dtl_mesh *m) { return m && m->parent == NULL; }
 
+/* Whether dim d of an abstract mesh with nodes of rpn consecutive ranks crosses nodes. The group along d through base
+ * (coordinate 0 on d) is base + c * stride for c < shape[d], so it crosses when base's offset in its node plus the
+ * group's span (shape[d] - 1) x stride reaches the next node. The bases are hi x period + lo (lo < stride), and
+ * hi x period modulo rpn repeats within rpn values of hi: closed form, whatever the mesh's size. */
+static bool dtl__mesh_abstract_crosses(const dtl_mesh *m, int d, int64_t rpn) {
+  int64_t stride = dtl__mesh_stride(m, d);
+  int64_t span = (int64_t)(m->shape[d] - 1) * stride, period = stride * m->shape[d], nhi = m->size / period;
+  if (span == 0) return false;
+  if (span >= rpn) return true;
+  for (int64_t hi = 0; hi < nhi && hi < rpn; hi++) {
+    int64_t x = hi * period % rpn;
+    int64_t top = x + stride - 1 >= rpn ? rpn - 1 : x + stride - 1; /* the largest offset in a node of any lo */
+    if (top + span >= rpn) return true;
+  }
+  return false;
+}
+
+/* Sets dim_inter from the nodes of the mesh's ranks: along dim d, each group is the ranks that share every other
+ * coordinate; it crosses nodes when one of them sits on another node than the group's first. */
+static void dtl__mesh_find_nodes(dtl_mesh *m) {
+  int coord[DTL_MAX_MESH_DIMS];
+  for (int d = 0; d < m->ndim; d++) {
+    m->dim_inter[d] = false;
+    if (!m->parent) {
+      m->dim_inter[d] = m->ranks_per_node > 0 && dtl__mesh_abstract_crosses(m, d, m->ranks_per_node);
+      continue;
+    }
+    if (dtl__comm_nnodes(m->parent) == 1) continue;
+    int stride = dtl__mesh_stride(m, d);
+    for (int r = 0; r < m->size && !m->dim_inter[d]; r++) {
+      dtl__mesh_coord_of_rank(m, r, coord);
+      if (coord[d] == 0) continue;
+      m->dim_inter[d] = dtl__mesh_node(m, r) != dtl__mesh_node(m, r - coord[d] * stride);
+    }
+  }
+}
+
+dtl_status dtl_mesh_set_ranks_per_node(dtl_mesh *m, int ranks_per_node) {
+  static const char fn[] = "dtl_mesh_set_ranks_per_node";
+  DTL_CHECK_ARG(m != NULL, fn, "mesh=NULL");
+  DTL_CHECK_ARG(m->parent == NULL, fn, "the mesh has communicators (its nodes come from them; expected an abstract "
+                "mesh)");
+  DTL_CHECK_ARG(ranks_per_node >= 1, fn, "ranks_per_node=%d (expected >= 1)", ranks_per_node);
+  m->ranks_per_node = ranks_per_node;
+  dtl__mesh_find_nodes(m);
+  return DTL_OK;
+}
+
+dtl_status dtl_mesh_dim_crosses_nodes(const dtl_mesh *m, int mesh_dim, int *out) {
+  static const char fn[] = "dtl_mesh_dim_crosses_nodes";
+  DTL_CHECK_ARG(m != NULL, fn, "mesh=NULL");
+  DTL_CHECK_ARG(out != NULL, fn, "out=NULL");
+  DTL_CHECK_ARG(mesh_dim >= 0 && mesh_dim < m->ndim, fn, "mesh_dim=%d (expected 0..%d)", mesh_dim, m->ndim - 1);
+  *out = m->dim_inter[mesh_dim];
+  return DTL_OK;
+}
+
+dtl_status dtl_mesh_node_of(const dtl_mesh *m, int rank, int *node) {
+  static const char fn[] = "dtl_mesh_node_of";
+  DTL_CHECK_ARG(m != NULL, fn, "mesh=NULL");
+  DTL_CHECK_ARG(node != NULL, fn, "node=NULL");
+  DTL_CHECK_ARG(rank >= 0 && rank < m->size, fn, "rank=%d (expected 0..%d)", rank, m->size - 1);
+  *node = dtl__mesh_node(m, rank);
+  return DTL_OK;
+}
+
 /* The mesh's sub-communicators: along dim d, the ranks sharing every other coordinate form one group; its color
  * is the mesh rank with coordinate d zeroed, its key the coordinate itself, so the sub-rank equals coord[d].
  * Each split agrees over the mesh communicator, so every member leaves the loop at the same dim. */
@@ -151,6 +217,7 @@ static dtl_status dtl__mesh_build(const char *fn, dtl_comm *c, bool from_ranks, 
   for (int d = 0; d < ndim; d++) m->shape[d] = shape[d];
   if (ranks) memcpy(m->ranks, ranks, sizeof(int) * (size_t)n);
   if (m->member) dtl__mesh_coord_of_rank(m, index, m->coord);
+  dtl__mesh_find_nodes(m);
   if (!from_ranks) {
     m->comm = c;
     st = dtl__mesh_split_dims(fn, m);

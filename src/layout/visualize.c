@@ -153,6 +153,27 @@ static void dtl__put_holders(dtl__text *t, const dtl_layout *l, int rep) {
   }
 }
 
+/* "nodes: ranks 0-3 on node 0, 4-7 on node 1 (mesh dim 0 crosses nodes)" when the mesh spans nodes (nothing
+ * otherwise): runs of consecutive ranks on one node, in rank order. */
+static void dtl__put_nodes(dtl__text *t, const dtl_mesh *m) {
+  bool any = false;
+  for (int md = 0; md < m->ndim; md++) any |= m->dim_inter[md];
+  if (!any) return;
+  dtl__put(t, "nodes: ranks ");
+  for (int lo = 0, hi; lo < m->size; lo = hi + 1) {
+    int node = dtl__mesh_node(m, lo);
+    for (hi = lo; hi + 1 < m->size && dtl__mesh_node(m, hi + 1) == node;) hi++;
+    if (hi > lo) dtl__put(t, "%s%d-%d on node %d", lo ? ", " : "", lo, hi, node);
+    else dtl__put(t, "%s%d on node %d", lo ? ", " : "", lo, node);
+  }
+  int k = 0;
+  for (int md = 0; md < m->ndim; md++) k += m->dim_inter[md];
+  dtl__put(t, " (mesh dim%s", k > 1 ? "s" : "");
+  for (int md = 0, i = 0; md < m->ndim; md++)
+    if (m->dim_inter[md]) dtl__put(t, i++ ? ",%d" : " %d", md);
+  dtl__put(t, " cross%s nodes)\n", k > 1 ? "" : "es");
+}
+
 /* "3:6" into tmp; returns its length. */
 static size_t dtl__range_text(char tmp[48], int64_t off, int64_t ext) {
   return (size_t)snprintf(tmp, 48, "%lld:%lld", (long long)off, (long long)(off + ext));
@@ -254,6 +275,7 @@ static dtl_status dtl__draw(const char *fn, const dtl_layout *l, dtl__text *t) {
   dtl__put_layout(t, l);
   dtl__put(t, "\ncells: mesh coordinate (* = every index of that mesh dim) and the ranks holding the block; "
               "ranges are start:end\n");
+  dtl__put_nodes(t, m);
   for (int md = 0; md < m->ndim; md++)
     if (l->placements[md].kind == DTL_PARTIAL)
       dtl__put(t, "P(%s) over mesh dim %d: the ranks along it hold partial values; a block's value is their %s\n",

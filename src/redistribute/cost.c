@@ -277,6 +277,19 @@ void dtl__step_volume_max(const dtl_layout *g, dtl__step_kind kind, int m, const
   *out = best;
 }
 
+uint64_t dtl__step_remote_bytes(const dtl_mesh *mesh, dtl__step_kind kind, int m, const int *coord, uint64_t send) {
+  int p = mesh->shape[m];
+  if (!mesh->dim_inter[m] || dtl__step_rounds(kind, p) == 0) return 0;
+  int me = 0, stride = dtl__mesh_stride(mesh, m);
+  for (int d = 0; d < mesh->ndim; d++) me = me * mesh->shape[d] + coord[d];
+  int base = me - coord[m] * stride, node = dtl__mesh_node(mesh, me);
+  if (kind != DTL__STEP_ALL_TO_ALL)
+    return dtl__mesh_node(mesh, base + (coord[m] + 1) % p * stride) != node ? send : 0;
+  int far = 0;
+  for (int c = 0; c < p; c++) far += dtl__mesh_node(mesh, base + c * stride) != node;
+  return (uint64_t)((unsigned __int128)send * (unsigned)far / (unsigned)(p - 1));
+}
+
 int dtl__step_rounds(dtl__step_kind kind, int p) {
   switch (kind) {
     case DTL__STEP_ALL_REDUCE: return 2 * (p - 1);
@@ -293,20 +306,29 @@ static int64_t dtl__ps(double s) {
   return ps >= (double)DTL__STEP_COST_CAP_PS ? DTL__STEP_COST_CAP_PS : (int64_t)llround(ps);
 }
 
+/* The link class's latency and bandwidth: inter-node or intra-node. */
+static double dtl__alpha(const dtl_cost_model *c, bool inter) { return inter ? c->inter_alpha_s : c->alpha_s; }
+static double dtl__beta(const dtl_cost_model *c, bool inter) {
+  return inter ? c->inter_beta_s_per_byte : c->beta_s_per_byte;
+}
+
 int64_t dtl__exchange_cost_ps(const dtl_cost_model *c, const dtl__xvolume *max, int rounds) {
   int peers = max->send_peers > max->recv_peers ? max->send_peers : max->recv_peers;
   if (peers == 0) return dtl__ps((double)max->self * c->local_beta_s_per_byte);
   uint64_t bytes = max->send > max->recv ? max->send : max->recv;
-  return dtl__ps((double)rounds * (peers + 1) * c->alpha_s + (double)bytes * c->beta_s_per_byte);
+  return dtl__ps((double)rounds * (peers + 1) * dtl__alpha(c, max->inter) + (double)bytes * dtl__beta(c, max->inter));
 }
 
-int64_t dtl__step_cost_ps(const dtl_cost_model *c, dtl__step_kind kind, int p, const dtl__step_volume *max) {
+int64_t dtl__step_cost_ps(const dtl_cost_model *c, dtl__step_kind kind, int p, const dtl__step_volume *max,
+                          bool inter) {
   bool local = kind == DTL__STEP_LOCAL_SLICE || kind == DTL__STEP_LOCAL_PARTIAL;
   /* A collective pays alpha per ring round plus alpha once for the call itself (entry, launch, the
    * synchronisation of its group). Without that term one all-reduce and a reduce-scatter + all-reduce +
    * all-gather over two mesh dims tie on latency, and the planner would trade a collective for a handful
    * of bytes; with it, the hierarchical form wins only once the bytes it saves outweigh one more call. */
   double s = local ? (double)max->charged * c->local_beta_s_per_byte
-                   : (dtl__step_rounds(kind, p) + 1) * c->alpha_s + (double)max->charged * c->beta_s_per_byte;
+                   : (dtl__step_rounds(kind, p) + 1) * dtl__alpha(c, inter) + (double)max->charged * dtl__beta(c, inter);
   return dtl__ps(s);
 }
+
+double dtl__cost_alpha(const dtl_cost_model *c, bool inter) { return dtl__alpha(c, inter); }

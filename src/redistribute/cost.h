@@ -32,6 +32,10 @@ void dtl__step_volume_at(const dtl_layout *geom, dtl__step_kind kind, int m, con
                          const dtl_placement *after, const int *coord, dtl__step_volume *out);
 void dtl__step_volume_max(const dtl_layout *geom, dtl__step_kind kind, int m, const dtl_placement *before,
                           const dtl_placement *after, dtl__step_volume *out);
+/* Of the `send` bytes the rank at coord sends in a step on mesh dim m, those that go to ranks on other nodes: all of
+ * them when its ring successor on m is on another node (all-gather, all-reduce, reduce-scatter), the share of its
+ * peers on other nodes for an all-to-all (its pieces taken as even), none for local steps. */
+uint64_t dtl__step_remote_bytes(const dtl_mesh *mesh, dtl__step_kind kind, int m, const int *coord, uint64_t send);
 /* Rounds of the ring algorithm on p ranks (0 for local steps). */
 int dtl__step_rounds(dtl__step_kind kind, int p);
 /* The most one step (or one mesh dim's term of the search's lower bound) is priced at: 2.9e5 s. A plan
@@ -41,12 +45,17 @@ int dtl__step_rounds(dtl__step_kind kind, int p);
 _Static_assert(DTL__MAX_PLAN_STEPS + DTL_MAX_MESH_DIMS <= 32, "search sums must fit int64");
 /* (rounds + 1) x alpha + charged x beta, the 1 being the call itself (local steps: charged x local_beta),
  * in whole picoseconds so that the search compares exact integers and breaks ties the same way on every
- * rank; at most DTL__STEP_COST_CAP_PS. */
-int64_t dtl__step_cost_ps(const dtl_cost_model *c, dtl__step_kind kind, int p, const dtl__step_volume *max);
+ * rank; at most DTL__STEP_COST_CAP_PS. inter: the step's mesh dim crosses nodes, so it pays the inter-node
+ * link class (inter_alpha, inter_beta); else the intra-node one (alpha, beta). */
+int64_t dtl__step_cost_ps(const dtl_cost_model *c, dtl__step_kind kind, int p, const dtl__step_volume *max,
+                          bool inter);
 /* An exchange from the maximum over the ranks of its volume (dtl__xmap_volume_max), in rounds: point to point,
  * each rank pays alpha per peer it sends to or receives from (the larger count) plus alpha once for the call, in
- * every round, and beta per byte of the larger of what it sends and receives. When no rank moves anything to
- * another, only the local copies are charged (local_beta), like a local step. Same rounding as above. */
+ * every round, and beta per byte of the larger of what it sends and receives, in the inter-node class when any of
+ * its messages crosses nodes (max->inter: the slowest message sets the pace of a round). When no rank moves
+ * anything to another, only the local copies are charged (local_beta), like a local step. Same rounding. */
 int64_t dtl__exchange_cost_ps(const dtl_cost_model *c, const dtl__xvolume *max, int rounds);
+/* The alpha a step of the given class pays per round (the search's lower bound). */
+double dtl__cost_alpha(const dtl_cost_model *c, bool inter);
 
 #endif

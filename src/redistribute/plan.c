@@ -79,12 +79,31 @@ static void dtl__say_coord(char *b, size_t *o, const dtl_mesh *m) {
   dtl__say(b, o, "]");
 }
 
+/* Whether the plan's ranks span several nodes: a mesh dim crosses nodes, or the two meshes' first ranks sit on
+ * different nodes (each mesh's ranks share one node when none of its dims crosses). */
+static bool dtl__plan_spans_nodes(const dtl_plan *p) {
+  const dtl_mesh *a = p->src.mesh, *z = p->dst.mesh;
+  bool any = dtl__mesh_node(a, 0) != dtl__mesh_node(z, 0);
+  for (int d = 0; d < a->ndim; d++) any |= a->dim_inter[d];
+  for (int d = 0; d < z->ndim; d++) any |= z->dim_inter[d];
+  return any;
+}
+
+/* A step's link class and the bytes it sends across nodes, when the plan spans nodes ("" otherwise). */
+static void dtl__link_text(const dtl__plan_step *st, bool nodes, char *buf, size_t cap) {
+  char x[24];
+  buf[0] = '\0';
+  if (!nodes) return;
+  dtl__bytes_text(st->remote_bytes, x, sizeof x);
+  snprintf(buf, cap, "link %-5s  xnode %-10s  ", st->inter ? "inter" : "intra", x);
+}
+
 /* Renders p into b (DTL__EXPLAIN_MAX bytes); returns the length. */
 static size_t dtl__explain_render(const dtl_plan *p, char *b) {
   size_t o = 0;
   const dtl_mesh *mesh = p->src.mesh, *dmesh = p->dst.mesh;
   int M = mesh->ndim;
-  bool cross = mesh != dmesh;
+  bool cross = mesh != dmesh, nodes = dtl__plan_spans_nodes(p);
   dtl__say(b, &o, "plan ");
   dtl__say_placements(b, &o, p->src.placements, M);
   dtl__say(b, &o, " -> ");
@@ -104,13 +123,16 @@ static size_t dtl__explain_render(const dtl_plan *p, char *b) {
     dtl__say_coord(b, &o, dmesh);
   }
   dtl__say(b, &o, ")\n");
-  dtl__say(b, &o, "cost model  alpha %g s  beta %g s/B  local_beta %g s/B\n", p->cost.alpha_s, p->cost.beta_s_per_byte,
+  dtl__say(b, &o, "cost model  alpha %g s  beta %g s/B  local_beta %g s/B", p->cost.alpha_s, p->cost.beta_s_per_byte,
            p->cost.local_beta_s_per_byte);
+  if (nodes) dtl__say(b, &o, "  inter_alpha %g s  inter_beta %g s/B", p->cost.inter_alpha_s, p->cost.inter_beta_s_per_byte);
+  dtl__say(b, &o, "\n");
   for (int k = 0; k < p->nsteps; k++) {
     const dtl__plan_step *st = &p->steps[k];
     int m = st->mesh_dim;
-    char tr[40], dims[32], snd[24], rcv[24], est[24];
+    char tr[40], dims[32], snd[24], rcv[24], est[24], link[48];
     char from[16], to[16];
+    dtl__link_text(st, nodes, link, sizeof link);
     dtl__bytes_text(st->send_bytes, snd, sizeof snd);
     dtl__bytes_text(st->recv_bytes, rcv, sizeof rcv);
     dtl__time_text(st->cost_s, est, sizeof est);
@@ -120,8 +142,8 @@ static size_t dtl__explain_render(const dtl_plan *p, char *b) {
       if (dtl_placements_format(st->after, dmesh->ndim, z, sizeof z) != DTL_OK) snprintf(z, sizeof z, "?");
       if (p->xrounds > 1) snprintf(rounds, sizeof rounds, "  in %d rounds", p->xrounds);
       if (st->peers == 0) snprintf(rounds, sizeof rounds, "  (local copies only)");
-      dtl__say(b, &o, "step %-2d %-11s %-15s %s->%s  send %-10s  recv %-10s  est %s%s\n", k + 1,
-               cross ? "two meshes" : "mesh dims *", dtl__plan_step_name(st->kind), a, z, snd, rcv, est, rounds);
+      dtl__say(b, &o, "step %-2d %-11s %-15s %s->%s  send %-10s  recv %-10s  %sest %s%s\n", k + 1,
+               cross ? "two meshes" : "mesh dims *", dtl__plan_step_name(st->kind), a, z, snd, rcv, link, est, rounds);
       continue;
     }
     if (dtl_placements_format(&st->before[m], 1, from, sizeof from) != DTL_OK) snprintf(from, sizeof from, "?");
@@ -132,8 +154,8 @@ static size_t dtl__explain_render(const dtl_plan *p, char *b) {
     else if (a.kind == DTL_SHARD) snprintf(dims, sizeof dims, "tensor dim %d", a.dim);
     else if (z.kind == DTL_SHARD) snprintf(dims, sizeof dims, "tensor dim %d", z.dim);
     else snprintf(dims, sizeof dims, "whole shard");
-    dtl__say(b, &o, "step %-2d mesh dim %d  %-15s %-11s %-17s send %-10s  recv %-10s  est %s\n", k + 1, m,
-             dtl__plan_step_name(st->kind), tr, dims, snd, rcv, est);
+    dtl__say(b, &o, "step %-2d mesh dim %d  %-15s %-11s %-17s send %-10s  recv %-10s  %sest %s\n", k + 1, m,
+             dtl__plan_step_name(st->kind), tr, dims, snd, rcv, link, est);
   }
   if (p->nsteps == 0) dtl__say(b, &o, "(no steps: every rank already holds its target shard)\n");
   int nc = dtl_plan_num_collectives(p);

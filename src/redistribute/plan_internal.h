@@ -34,6 +34,10 @@ typedef struct {
    * (from the maximum over all ranks, so equal on every rank). */
   uint64_t send_bytes, recv_bytes;
   double cost_s;
+  /* The link class the step was priced in (its mesh dim, or any message of an exchange, crosses nodes), and the
+   * bytes of send_bytes that go to ranks on other nodes. */
+  bool inter;
+  uint64_t remote_bytes;
   /* An exchange: the most peers any rank sends to or receives from; 0 when it only copies locally on every rank
    * (it then counts as no collective). */
   int peers;

@@ -128,13 +128,14 @@ static void dtl__decode(const dtl__space *s, int idx, dtl_placement *pl) {
 
 /* A lower bound on the cost still to pay from pl: every mesh dim whose placement is S or P and differs
  * from the target must leave it, and only a collective on that dim can (S and P have no local exit),
- * which costs at least (p-1 rounds + the call) x alpha. Steps on different mesh dims are different steps,
+ * which costs at least (p-1 rounds + the call) x the alpha of that dim's link class. Steps on different mesh dims are different steps,
  * so the bounds add up; a step changes one term by at most its own cost (both are capped at
  * DTL__STEP_COST_CAP_PS), so the bound is consistent and the first label of the target taken from the
  * queue is a cheapest route. */
-/* One collective over p ranks, one picosecond under its floor (see below). */
-static int64_t dtl__call_floor_ps(const dtl__space *s, int p) {
-  double ps = floor((double)p * s->cost->alpha_s * 1e12) - 1;
+/* One collective over mesh dim m (p ranks, m's link class), one picosecond under its floor (see below). */
+static int64_t dtl__call_floor_ps(const dtl__space *s, int m) {
+  const dtl_mesh *mesh = s->geom->mesh;
+  double ps = floor((double)mesh->shape[m] * dtl__cost_alpha(s->cost, mesh->dim_inter[m]) * 1e12) - 1;
   return ps <= 0 ? 0 : ps >= (double)DTL__STEP_COST_CAP_PS ? DTL__STEP_COST_CAP_PS : (int64_t)ps;
 }
 
@@ -147,7 +148,7 @@ static int64_t dtl__remaining_bound(const dtl__space *s, const dtl_placement *pl
   if (!s->xm) return per_dim;
   int64_t via = s->xmin;
   for (int m = 0; m < s->M; m++)
-    if (s->geom->mesh->shape[m] > 1 && pl[m].kind == DTL_PARTIAL) via += dtl__call_floor_ps(s, s->geom->mesh->shape[m]);
+    if (s->geom->mesh->shape[m] > 1 && pl[m].kind == DTL_PARTIAL) via += dtl__call_floor_ps(s, m);
   return s->cross || via < per_dim ? via : per_dim;
 }
 
@@ -158,7 +159,7 @@ static int64_t dtl__perdim_bound(const dtl__space *s, const dtl_placement *pl, c
     if (p == 1 || pl[m].kind == DTL_REPLICATE || dtl__code(s, pl[m]) == dtl__code(s, dst[m])) continue;
     /* One picosecond under the floor, so that the step prices (rounded to the nearest picosecond from a
      * slightly different floating-point expression) can never fall below it. */
-    bound += dtl__call_floor_ps(s, p);
+    bound += dtl__call_floor_ps(s, m);
   }
   return bound;
 }
@@ -364,7 +365,7 @@ static int dtl__search_run(dtl__search_state *S, int from, int to) {
         if (S->limited ? ve <= u.steps + 1 : ve != DTL__NO_STEPS) continue; /* before pricing the step */
         dtl__step_volume vol;
         dtl__step_volume_max(s->geom, kind, m, pl, nx, &vol);
-        int64_t c = g + dtl__step_cost_ps(s->cost, kind, p, &vol);
+        int64_t c = g + dtl__step_cost_ps(s->cost, kind, p, &vol, s->geom->mesh->dim_inter[m]);
         int r = dtl__offer(S, c, dtl__remaining_bound(s, nx, target), u.steps + 1, v, u.label, false);
         if (r) return r < 0 ? -1 : -2;
       }
@@ -524,10 +525,12 @@ static dtl_status dtl__plan_build(const char *fn, const dtl__space *s, const dtl
       dtl__xmap_volume_max(s->xm, &vmax);
       ps = dtl__exchange_cost_ps(s->cost, &vmax, p->xrounds);
       st->peers = vmax.send_peers > vmax.recv_peers ? vmax.send_peers : vmax.recv_peers;
+      st->inter = vmax.inter;
       int me_s = dtl__mesh_index(mesh), me_d = dtl__mesh_index(dst->mesh);
       dtl__xmap_volume_at(s->xm, me_s, me_d, &vme);
       st->send_bytes = vme.send;
       st->recv_bytes = vme.recv;
+      st->remote_bytes = vme.send_remote;
     } else {
       dtl__decode(s, path[k + 1], st->after);
       for (int m = 0; m < s->M; m++)
@@ -536,12 +539,14 @@ static dtl_status dtl__plan_build(const char *fn, const dtl__space *s, const dtl
       dtl__step_legal(mesh, st->before, m, st->after[m], &st->kind);
       dtl__step_volume vmax, vme;
       dtl__step_volume_max(src, st->kind, m, st->before, st->after, &vmax);
-      ps = dtl__step_cost_ps(s->cost, st->kind, mesh->shape[m], &vmax);
+      ps = dtl__step_cost_ps(s->cost, st->kind, mesh->shape[m], &vmax, mesh->dim_inter[m]);
       for (int q = 0; q < s->M; q++)
         if (mesh->shape[q] == 1) st->before[q] = st->after[q] = rest[q];
       dtl__step_volume_at(src, st->kind, m, st->before, st->after, mesh->coord, &vme);
       st->send_bytes = mesh->member ? vme.send : 0;
       st->recv_bytes = mesh->member ? vme.recv : 0;
+      st->inter = mesh->dim_inter[m];
+      st->remote_bytes = mesh->member ? dtl__step_remote_bytes(mesh, st->kind, m, mesh->coord, vme.send) : 0;
     }
     total_ps = dtl__sat_add(total_ps, ps);
     st->cost_s = (double)ps * 1e-12;

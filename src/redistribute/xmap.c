@@ -159,6 +159,7 @@ void dtl__xmap_volume_at(const dtl__xmap *x, int r, int q, dtl__xvolume *out) {
       if (n && dtl__xmap_holder(x, t, r) == r) {
         out->send += n;
         out->send_peers++;
+        if (dtl__mesh_node(x->sm, r) != dtl__mesh_node(x->dm, t)) out->send_remote += n;
       }
     }
   }
@@ -177,6 +178,7 @@ void dtl__xmap_volume_at(const dtl__xmap *x, int r, int q, dtl__xvolume *out) {
     }
   }
   out->send *= x->es;
+  out->send_remote *= x->es;
   out->recv *= x->es;
   out->self *= x->es;
 }
@@ -208,6 +210,7 @@ void dtl__xmap_volume_max(const dtl__xmap *x, dtl__xvolume *out) {
       peers++;
       sent[h] += n;
       speers[h]++;
+      if (!out->inter && dtl__mesh_node(x->sm, h) != dtl__mesh_node(x->dm, q)) out->inter = true;
     }
     if (recv > out->recv) out->recv = recv;
     if (self > out->self) out->self = self;

@@ -64,6 +64,10 @@ static inline int dtl__xmap_s2d(const dtl__xmap *x, int r) { return x->s2d ? x->
 typedef struct {
   uint64_t send, recv, self;
   int send_peers, recv_peers;
+  /* _at: the bytes of send that go to ranks on other nodes. _max: 0; inter is whether any message of the exchange
+   * goes between two nodes (it then pays the inter-node link class). */
+  uint64_t send_remote;
+  bool inter;
 } dtl__xvolume;
 
 /* The volume of the rank that is source mesh rank r and target mesh rank q (either -1 outside that mesh). */

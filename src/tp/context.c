@@ -63,6 +63,10 @@ dtl_status dtl_tp_context_create(const dtl_mesh *mesh, int tp_dim, const dtl_tp_
     dtl_tp_context_destroy(c);
     return st;
   }
+  /* Every layer communicates over the TP dim, so a TP group across nodes pays the slow link in every layer. */
+  if (mesh->dim_inter[tp_dim])
+    DTL_LOG(DTL_LOG_WARN, "tp", "%s: tp_dim=%d crosses nodes (some TP group holds ranks of two nodes), so every "
+            "layer's collectives go between nodes; put TP on a mesh dim within a node", fn, tp_dim);
   *out = c;
   return DTL_OK;
 }

@@ -119,6 +119,14 @@ static void making_a_communicator_fails_every_rank_alike_at_each_failed_allocati
   dtl_comm_destroy(x.c);
 }
 
+/* The same over nodes: DTL_RANKS_PER_NODE=1 puts every rank on a node of its own, so that a communicator gathers
+ * its node table and a split derives its own from its parent's (allocations that one node skips). */
+static void making_a_communicator_over_nodes_fails_every_rank_alike_at_each_failed_allocation(void) {
+  setenv("DTL_RANKS_PER_NODE", "1", 1);
+  making_a_communicator_fails_every_rank_alike_at_each_failed_allocation();
+  unsetenv("DTL_RANKS_PER_NODE");
+}
+
 /* The blocking collectives agree under DTL_CHECK (every rank fails alike); a nonblocking start never
  * waits for its peers, so only the rank whose allocation failed fails: the sweep injects on every rank. */
 static void every_collective_survives_each_failed_allocation(void) {
@@ -141,6 +149,7 @@ static void every_collective_survives_each_failed_allocation(void) {
 int main(int argc, char **argv) {
   dt_init(&argc, &argv);
   RUN(making_a_communicator_fails_every_rank_alike_at_each_failed_allocation);
+  RUN(making_a_communicator_over_nodes_fails_every_rank_alike_at_each_failed_allocation);
   RUN(every_collective_survives_each_failed_allocation);
   if (dt_rank == 0)
     printf("%ld calls, %ld of them failed by an injected allocation failure\n", tally.calls, tally.failures);

@@ -21,8 +21,18 @@ dtl_tool_case(dtl_tool_plan_unsupported "dtl plan: DTL_ERR_UNSUPPORTED: .*mesh d
               plan --mesh 2x4 --shape 8,6 --from S0,R --to P,R)
 dtl_tool_case(dtl_tool_show "^f32\\[8,8\\] mesh=2x2 placements=S\\(0\\),S\\(1\\)\n.*\\[1,1\\] rank 3.*exit=0\n$"
               show --mesh 2x2 --shape 8,8 --dtype f32 S0,S1)
-dtl_tool_case(dtl_tool_info "^dtl [0-9]+\\.[0-9]+\\.[0-9]+ .*CUDA/NCCL backend: .*mpi \\(host memory\\) +alpha=2e-06 .*DTL_LOG .*DTL_LOG_SUBSYS .*DTL_LOG_FILE .*DTL_CHECK .*DTL_PLAN_TUNE .*exit=0\n$"
+dtl_tool_case(dtl_tool_info "^dtl [0-9]+\\.[0-9]+\\.[0-9]+ .*CUDA/NCCL backend: .*mpi \\(host memory\\) +alpha=2e-06 .*inter_alpha=5e-06 inter_beta=8e-10 .*DTL_LOG .*DTL_LOG_SUBSYS .*DTL_LOG_FILE .*DTL_CHECK .*DTL_RANKS_PER_NODE .*DTL_PLAN_TUNE .*exit=0\n$"
               info)
+# Nodes: 4 ranks per node on 2x4 make mesh dim 0 cross nodes; the plan keeps bytes on dim 1 and explains each
+# step's link class and bytes to other nodes; show lists the nodes.
+dtl_tool_case(dtl_tool_plan_nodes "inter_alpha 5e-06 s  inter_beta 8e-10 s/B\nstep 1  mesh dim 1  reduce-scatter .* link intra  xnode 0 B .*\nstep 2  mesh dim 0  all-reduce .* send 1.0 KiB .* link inter  xnode 1.0 KiB .*\nstep 3  mesh dim 1  all-gather .*exit=0\n$"
+              plan --mesh 2x4 --shape 32,32 --from P,P --to R,R --ranks-per-node 4)
+dtl_tool_case(dtl_tool_show_nodes "\nnodes: ranks 0-3 on node 0, 4-7 on node 1 \\(mesh dim 0 crosses nodes\\)\n.*exit=0\n$"
+              show --mesh 2x4 --shape 8,8 --ranks-per-node 4 S0,S1)
+dtl_tool_case(dtl_tool_bad_ranks_per_node "--ranks-per-node \"0\": expected one whole number >= 1.*exit=2\n$"
+              plan --mesh 2x4 --shape 8 --from S0,R --to R,R --ranks-per-node 0)
+dtl_tool_case(dtl_tool_bad_inter_beta "--inter-beta \"x\": expected a finite number of seconds >= 0.*exit=2\n$"
+              plan --mesh 2x4 --shape 8 --from S0,R --to R,R --inter-beta x)
 dtl_tool_case(dtl_tool_help "^usage: dtl <command>.*plan .*show .*info .*exit=0\n$" --help)
 # Bad arguments: a message naming what was wrong, and exit status 2.
 dtl_tool_case(dtl_tool_no_command "^usage: dtl .*exit=2\n$")

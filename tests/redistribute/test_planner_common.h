@@ -111,7 +111,7 @@ static inline int64_t tp_step_ps(const dtl_layout *geom, const dtl_cost_model *c
                                  const dtl_placement *before, const dtl_placement *after) {
   dtl__step_volume v;
   dtl__step_volume_max(geom, k, md, before, after, &v);
-  return dtl__step_cost_ps(c, k, geom->mesh->shape[md], &v);
+  return dtl__step_cost_ps(c, k, geom->mesh->shape[md], &v, geom->mesh->dim_inter[md]);
 }
 
 /* An exchange may start from pl: no Partial on a mesh dim of size > 1, and every such dim that src does not hold

@@ -323,6 +323,143 @@ static void the_cost_model_decides_between_direct_and_hierarchical_all_reduce(vo
   dtl_mesh_destroy(m);
 }
 
+/* The mesh dims' nodes: an abstract 2x4 mesh with 4 ranks per node has nodes {0-3} and {4-7}, so groups along mesh
+ * dim 0 ({r, r+4}) cross nodes and groups along dim 1 do not; 2 per node makes dim 1 cross as well; 8 per node
+ * (or none given) is one node. Bad input: a mesh with communicators has no settable nodes (here: none), a
+ * ranks_per_node < 1 and a dim out of range are refused naming the value. */
+static void abstract_meshes_cross_nodes_where_their_groups_do(void **state) {
+  static const struct {
+    int rpn, cross0, cross1;
+  } cases[] = {{0, 0, 0}, {8, 0, 0}, {4, 1, 0}, {2, 1, 1}, {1, 1, 1}, {16, 0, 0}};
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    dtl_mesh *m = tp_mesh(2, (int[]){2, 4}, NULL);
+    if (cases[i].rpn) assert_int_equal(dtl_mesh_set_ranks_per_node(m, cases[i].rpn), DTL_OK);
+    int c0 = -1, c1 = -1, node = -1;
+    assert_int_equal(dtl_mesh_dim_crosses_nodes(m, 0, &c0), DTL_OK);
+    assert_int_equal(dtl_mesh_dim_crosses_nodes(m, 1, &c1), DTL_OK);
+    assert_int_equal(c0, cases[i].cross0);
+    assert_int_equal(c1, cases[i].cross1);
+    assert_int_equal(dtl_mesh_node_of(m, 5, &node), DTL_OK);
+    assert_int_equal(node, cases[i].rpn ? 5 / cases[i].rpn : 0);
+    dtl_mesh_destroy(m);
+  }
+  /* 3x2x2 with 4 per node: nodes {0-3} {4-7} {8-11}: dim 0 (stride 4) crosses, dims 1 (stride 2) and 2 do not;
+   * with 3 per node, dim 1's group {2, 4} crosses and so does dim 2's {2, 3}. */
+  dtl_mesh *m = tp_mesh(3, (int[]){3, 2, 2}, NULL);
+  int c[3];
+  assert_int_equal(dtl_mesh_set_ranks_per_node(m, 4), DTL_OK);
+  for (int d = 0; d < 3; d++) assert_int_equal(dtl_mesh_dim_crosses_nodes(m, d, &c[d]), DTL_OK);
+  assert_true(c[0] == 1 && c[1] == 0 && c[2] == 0);
+  assert_int_equal(dtl_mesh_set_ranks_per_node(m, 3), DTL_OK);
+  for (int d = 0; d < 3; d++) assert_int_equal(dtl_mesh_dim_crosses_nodes(m, d, &c[d]), DTL_OK);
+  assert_true(c[0] == 1 && c[1] == 1 && c[2] == 1);
+  assert_int_equal(dtl_mesh_set_ranks_per_node(m, 0), DTL_ERR_INVALID_ARGUMENT);
+  TP_EXPECT_MESSAGE("ranks_per_node=0 (expected >= 1)");
+  assert_int_equal(dtl_mesh_dim_crosses_nodes(m, 3, &c[0]), DTL_ERR_INVALID_ARGUMENT);
+  TP_EXPECT_MESSAGE("mesh_dim=3 (expected 0..2)");
+  assert_int_equal(dtl_mesh_dim_crosses_nodes(m, 0, NULL), DTL_ERR_INVALID_ARGUMENT);
+  assert_int_equal(dtl_mesh_node_of(m, 12, &c[0]), DTL_ERR_INVALID_ARGUMENT);
+  TP_EXPECT_MESSAGE("rank=12 (expected 0..11)");
+  assert_int_equal(dtl_mesh_set_ranks_per_node(NULL, 2), DTL_ERR_INVALID_ARGUMENT);
+  dtl_mesh_destroy(m);
+}
+
+/* The bytes a plan moves over mesh dim md, at the explained coordinate. */
+static uint64_t tp_bytes_on_dim(const dtl_plan *p, int md) {
+  uint64_t b = 0;
+  for (int k = 0; k < p->nsteps; k++)
+    if (p->steps[k].mesh_dim == md) b += p->steps[k].send_bytes;
+  return b;
+}
+
+/* P(sum),P(sum) -> R,R of f32[32,32] on 2x4 under the MPI defaults. On one node the planner all-reduces the whole
+ * 4 KiB shard over mesh dim 0, then over dim 1 (2 collectives beat 3). With 4 ranks per node, dim 0 crosses nodes
+ * (inter_alpha 5 us, inter_beta 0.8 ns/B): the planner reduce-scatters over dim 1 first, so that only a quarter
+ * (1 KiB) goes over dim 0, then all-gathers over dim 1. Each plan is the cheapest under its own model: the
+ * single-node route, priced with nodes, costs more than the node-aware one. */
+static void nodes_make_the_planner_move_bytes_over_the_mesh_dim_within_a_node(void **state) {
+  dtl_cost_model c;
+  dtl_cost_model_default(DTL_MEMORY_HOST, &c);
+  dtl_mesh *one = tp_mesh(2, (int[]){2, 4}, NULL), *two = tp_mesh(2, (int[]){2, 4}, NULL);
+  assert_int_equal(dtl_mesh_set_ranks_per_node(two, 4), DTL_OK);
+  dtl_plan *p[2];
+  for (int i = 0; i < 2; i++) {
+    dtl_mesh *m = i ? two : one;
+    dtl_layout *a = tp_layout(m, DTL_FLOAT32, 2, (int64_t[]){32, 32}, "P,P");
+    dtl_layout *b = tp_layout(m, DTL_FLOAT32, 2, (int64_t[]){32, 32}, "R,R");
+    assert_int_equal(dtl_plan_create_with_cost(a, b, &c, &p[i]), DTL_OK);
+    dtl_layout_destroy(a);
+    dtl_layout_destroy(b);
+  }
+  assert_int_equal(p[0]->nsteps, 2);
+  assert_int_equal(p[0]->steps[0].mesh_dim, 0);
+  assert_int_equal(p[0]->steps[0].kind, DTL__STEP_ALL_REDUCE);
+  assert_int_equal(p[1]->nsteps, 3);
+  assert_int_equal(p[1]->steps[0].kind, DTL__STEP_REDUCE_SCATTER);
+  assert_int_equal(p[1]->steps[0].mesh_dim, 1);
+  assert_int_equal(p[1]->steps[1].mesh_dim, 0);
+  assert_int_equal(tp_bytes_on_dim(p[0], 0), 4096);
+  assert_int_equal(tp_bytes_on_dim(p[1], 0), 1024);
+  assert_true(p[1]->steps[1].inter && !p[1]->steps[0].inter && !p[1]->steps[2].inter);
+  assert_int_equal(p[1]->steps[1].remote_bytes, 1024); /* its ring successor on dim 0 is on the other node */
+  assert_int_equal(p[1]->steps[0].remote_bytes, 0);
+  /* The single-node route priced on the two-node mesh: the same steps, dim 0's in the inter class. */
+  int64_t single = 0;
+  dtl_layout *g = tp_layout(two, DTL_FLOAT32, 2, (int64_t[]){32, 32}, "R,R");
+  for (int k = 0; k < p[0]->nsteps; k++)
+    single += tp_step_ps(g, &p[1]->cost, p[0]->steps[k].kind, p[0]->steps[k].mesh_dim, p[0]->steps[k].before,
+                         p[0]->steps[k].after);
+  assert_true((double)single * 1e-12 > dtl_plan_cost(p[1]));
+  assert_true(dtl_plan_cost(p[1]) > dtl_plan_cost(p[0])); /* the inter class is dearer */
+  /* The explain text: the inter-node parameters, and per step its link class and bytes to other nodes. */
+  char x[4096];
+  assert_int_equal(dtl_plan_explain(p[1], x, sizeof x), DTL_OK);
+  assert_non_null(strstr(x, "inter_alpha 5e-06 s  inter_beta 8e-10 s/B\n"));
+  assert_non_null(strstr(x, "link intra  xnode 0 B"));
+  assert_non_null(strstr(x, "step 2  mesh dim 0  all-reduce      P(sum)->R   whole shard       send 1.0 KiB     recv 1.0 "
+                            "KiB     link inter  xnode 1.0 KiB     est "));
+  /* On one node neither shows. */
+  assert_int_equal(dtl_plan_explain(p[0], x, sizeof x), DTL_OK);
+  assert_null(strstr(x, "link "));
+  assert_null(strstr(x, "inter_alpha"));
+  dtl_layout_destroy(g);
+  dtl_plan_destroy(p[0]);
+  dtl_plan_destroy(p[1]);
+  dtl_mesh_destroy(one);
+  dtl_mesh_destroy(two);
+}
+
+/* An exchange is priced in the inter class when one of its messages crosses nodes, and its explain line counts the
+ * bytes this rank sends to other nodes: S(0),R -> R,S(0) of f32[8,4] on 2x2 with 2 per node (nodes = mesh dim 0's
+ * coordinate). At [1,1] the rank holds rows 4:8 and keeps them (its target is rows 4:8 too); [0,1] needs them, and
+ * takes them from the holder with its own coordinate on the replicated dim 1, [1,1]: 4 x 4 x 4 = 64 bytes, all to
+ * the other node. */
+static void an_exchange_across_nodes_pays_the_inter_class(void **state) {
+  dtl_cost_model c;
+  dtl_cost_model_default(DTL_MEMORY_HOST, &c);
+  for (int nodes = 0; nodes < 2; nodes++) {
+    dtl_mesh *m = tp_mesh(2, (int[]){2, 2}, (int[]){1, 1});
+    if (nodes) assert_int_equal(dtl_mesh_set_ranks_per_node(m, 2), DTL_OK);
+    dtl_layout *a = tp_layout(m, DTL_FLOAT32, 2, (int64_t[]){8, 4}, "S0,R");
+    dtl_layout *b = tp_layout(m, DTL_FLOAT32, 2, (int64_t[]){8, 4}, "R,S0");
+    dtl_plan *p;
+    assert_int_equal(dtl__plan_create("test", a, b, &c, SIZE_MAX - 1, &p), DTL_OK);
+    assert_int_equal(p->nsteps, 1);
+    assert_int_equal(p->steps[0].kind, DTL__STEP_EXCHANGE);
+    assert_int_equal(p->steps[0].inter, nodes);
+    assert_int_equal(p->steps[0].send_bytes, 64);
+    assert_int_equal(p->steps[0].remote_bytes, nodes ? 64 : 0);
+    assert_int_equal(tp_exchange_ps(a, b, &c, a->placements, p->xrounds), (int64_t)llround(p->total_cost_s * 1e12));
+    double alpha = nodes ? c.inter_alpha_s : c.alpha_s, beta = nodes ? c.inter_beta_s_per_byte : c.beta_s_per_byte;
+    /* One round, one peer: (1 + 1) alpha + 64 bytes (the largest any rank moves) x beta. */
+    assert_true(fabs(p->total_cost_s - (2 * alpha + 64 * beta)) < 1e-12);
+    dtl_plan_destroy(p);
+    dtl_layout_destroy(a);
+    dtl_layout_destroy(b);
+    dtl_mesh_destroy(m);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(same_layouts_give_identical_plans_every_time),
@@ -333,6 +470,9 @@ int main(void) {
       cmocka_unit_test(identical_layouts_explain_as_no_steps),
       cmocka_unit_test(mesh_dims_of_size_one_get_no_steps),
       cmocka_unit_test(the_cost_model_decides_between_direct_and_hierarchical_all_reduce),
+      cmocka_unit_test(abstract_meshes_cross_nodes_where_their_groups_do),
+      cmocka_unit_test(nodes_make_the_planner_move_bytes_over_the_mesh_dim_within_a_node),
+      cmocka_unit_test(an_exchange_across_nodes_pays_the_inter_class),
   };
   return cmocka_run_group_tests(tests, clear_tune, clear_tune);
 }

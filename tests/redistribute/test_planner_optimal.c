@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The planner finds the cheapest legal plan: for every pair of placement vectors over {R, S0, S1, P} on
- * 2x2, 2x3 and 4x2 meshes (and a sample on 2x2x2), even, uneven, tiny and empty 2-D shapes, and several
- * cost models, its plan is legal under the restated rules, ends at the target, and costs exactly what an
+ * 2x2, 2x3 and 4x2 meshes (also 2x4 and 2x3 over several nodes, and a sample on 2x2x2), even, uneven, tiny and
+ * empty 2-D shapes, and several cost models, its plan is legal under the restated rules, ends at the target, and costs exactly what an
  * exhaustive search over transition sequences (per-dim steps, and one exchange to finish) finds, when no scratch
  * budget holds it back (the plans here are made with an unreachable limit; the budget has its own tests). Pairs the
  * rules leave without a route (S -> P, P(a) -> P(b) on a mesh dim) must be refused as unsupported. */
@@ -17,8 +17,9 @@ static const char *tp_model_names[4] = {"mpi", "nccl", "bandwidth-only", "latenc
 static int setup_models(void **state) {
   dtl_cost_model_default(DTL_MEMORY_HOST, &tp_models[0]);
   dtl_cost_model_default(DTL_MEMORY_DEVICE, &tp_models[1]);
-  tp_models[2] = (dtl_cost_model){.mask = DTL__COST_ALL, .beta_s_per_byte = 1e-9, .local_beta_s_per_byte = 1e-11};
-  tp_models[3] = (dtl_cost_model){.mask = DTL__COST_ALL, .alpha_s = 1e-6};
+  tp_models[2] = (dtl_cost_model){
+      .mask = DTL__COST_ALL, .beta_s_per_byte = 1e-9, .local_beta_s_per_byte = 1e-11, .inter_beta_s_per_byte = 4e-9};
+  tp_models[3] = (dtl_cost_model){.mask = DTL__COST_ALL, .alpha_s = 1e-6, .inter_alpha_s = 3e-6};
   unsetenv("DTL_PLAN_TUNE");
   return 0;
 }
@@ -93,9 +94,11 @@ static int tp_all_layouts(const dtl_mesh *m, const int64_t *shape, const dtl_pla
 static const int64_t tp_shapes[][2] = {{8, 6}, {5, 7}, {1, 3}, {0, 4}, {13, 2}};
 #define TP_NSHAPES ((int)(sizeof tp_shapes / sizeof *tp_shapes))
 
-static void tp_exhaustive_2d(int r, int c) {
+/* rpn > 0: nodes of rpn consecutive ranks, so that steps over the dims that cross them pay the inter-node class. */
+static void tp_exhaustive_2d(int r, int c, int rpn) {
   const dtl_placement alpha[] = {dtl_replicate(), dtl_shard(0), dtl_shard(1), dtl_partial(DTL_SUM)};
   dtl_mesh *m = tp_mesh(2, (int[]){r, c}, NULL);
+  if (rpn) assert_int_equal(dtl_mesh_set_ranks_per_node(m, rpn), DTL_OK);
   tp_tally t = {0};
   for (int s = 0; s < TP_NSHAPES; s++) {
     dtl_layout *ls[16];
@@ -111,9 +114,17 @@ static void tp_exhaustive_2d(int r, int c) {
   dtl_mesh_destroy(m);
 }
 
-static void every_pair_on_2x2_costs_what_exhaustive_search_finds(void **state) { tp_exhaustive_2d(2, 2); }
-static void every_pair_on_2x3_costs_what_exhaustive_search_finds(void **state) { tp_exhaustive_2d(2, 3); }
-static void every_pair_on_4x2_costs_what_exhaustive_search_finds(void **state) { tp_exhaustive_2d(4, 2); }
+static void every_pair_on_2x2_costs_what_exhaustive_search_finds(void **state) { tp_exhaustive_2d(2, 2, 0); }
+static void every_pair_on_2x3_costs_what_exhaustive_search_finds(void **state) { tp_exhaustive_2d(2, 3, 0); }
+static void every_pair_on_4x2_costs_what_exhaustive_search_finds(void **state) { tp_exhaustive_2d(4, 2, 0); }
+/* Two link classes: 2x4 with 4 ranks per node (mesh dim 0 crosses nodes, dim 1 does not), 2x3 with 2 per node
+ * (both cross). Every model's inter class is dearer than its intra class, as between real nodes. */
+static void every_pair_on_2x4_over_two_nodes_costs_what_exhaustive_search_finds(void **state) {
+  tp_exhaustive_2d(2, 4, 4);
+}
+static void every_pair_on_2x3_over_three_nodes_costs_what_exhaustive_search_finds(void **state) {
+  tp_exhaustive_2d(2, 3, 2);
+}
 
 /* 2x2x2: one pair in five of the 4096 (a fixed stride), two shapes, two models. */
 static void sampled_pairs_on_2x2x2_cost_what_exhaustive_search_finds(void **state) {
@@ -219,6 +230,8 @@ int main(void) {
       cmocka_unit_test(every_pair_on_2x2_costs_what_exhaustive_search_finds),
       cmocka_unit_test(every_pair_on_2x3_costs_what_exhaustive_search_finds),
       cmocka_unit_test(every_pair_on_4x2_costs_what_exhaustive_search_finds),
+      cmocka_unit_test(every_pair_on_2x4_over_two_nodes_costs_what_exhaustive_search_finds),
+      cmocka_unit_test(every_pair_on_2x3_over_three_nodes_costs_what_exhaustive_search_finds),
       cmocka_unit_test(sampled_pairs_on_2x2x2_cost_what_exhaustive_search_finds),
       cmocka_unit_test(nested_sharding_examples_cost_what_exhaustive_search_finds),
       cmocka_unit_test(detours_through_unused_dims_cost_what_exhaustive_search_finds),

@@ -65,8 +65,11 @@ void dtl__algo_table_default(dtl__algo_table *t);
 dtl_status dtl__algo_table_parse(dtl__algo_table *t, const char *text, const char *fn, const char *source);
 /* Applies DTL_ALGO text ("coll:algo,..."), naming the entry that is malformed. */
 dtl_status dtl__algo_force_parse(dtl__algo_table *t, const char *text, const char *fn);
-/* The table of a communicator made now: the defaults, or the file DTL_ALGO_TABLE names, then DTL_ALGO. */
-dtl_status dtl__algo_table_from_env(dtl__algo_table *t, const char *fn);
+/* The table of a communicator made now: the defaults, or the rows of the profile DTL_PROFILE names, or the file
+ * DTL_ALGO_TABLE names (which wins over the profile's), then DTL_ALGO; the profile's fingerprint joins the table's.
+ * prof (may be NULL) receives the profile, its engine "" when DTL_PROFILE is unset. */
+struct dtl__profile;
+dtl_status dtl__algo_table_from_env(dtl__algo_table *t, const char *fn, struct dtl__profile *prof);
 /* t in the DTL_ALGO_TABLE format, with comments listing the algorithms; returns the length it needs
  * (snprintf-like). */
 size_t dtl__algo_table_render(const dtl__algo_table *t, char *buf, size_t cap);

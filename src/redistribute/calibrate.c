@@ -1,0 +1,254 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Calibration of the planner's cost model: measuring (alpha, beta, local_beta) per link class on a mesh's ranks
+ * (dtl_cost_model_calibrate), writing them with the transport's algorithm table as a profile
+ * (dtl_cost_model_save), and applying a profile's cost line when a plan resolves its model (DTL_PROFILE). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include "comm/agree.h"
+#include "comm/profile.h"
+#include "redistribute/cost.h"
+
+dtl_status dtl__cost_from_profile(const char *fn, const dtl_mesh *mesh, dtl_cost_model *inout) {
+  dtl__profile p;
+  bool present = false;
+  DTL_TRY(dtl__profile_from_env(fn, &p, &present));
+  if (!present) return DTL_OK;
+  const char *engine = mesh->comm ? dtl_comm_backend_name(mesh->comm) : "mpi";
+  if (strcmp(p.engine, engine))
+    return dtl__error_fn(DTL_ERR_MISMATCH, fn, "%s was recorded for engine %s, used for a plan on a mesh of engine %s "
+                         "(calibrate this engine, or unset DTL_PROFILE)", p.source, p.engine, engine);
+  if (!p.cost_line) return DTL_OK;
+  char where[sizeof p.source + 32];
+  snprintf(where, sizeof where, "%s line %d: cost", p.source, p.cost_line);
+  return dtl__cost_parse_text(fn, where, p.cost, inout);
+}
+
+/* --- measurement ------------------------------------------------------------------------------------------ */
+
+/* Whether ranks a and b of c share a node: the link class of their messages. PLACEHOLDER until communicators
+ * carry their node table: every rank counts as on one node, so only the intra-node class is measured and the
+ * inter-node fields take its figures. Everything below is written for several nodes. */
+static bool dtl__calib_same_node(const dtl_comm *c, int a, int b) {
+  (void)c;
+  (void)a;
+  (void)b;
+  return true;
+}
+
+/* The first rank on the node of rank r: names r's node. */
+static int dtl__calib_node_leader(const dtl_comm *c, int r) {
+  for (int q = 0; q < r; q++)
+    if (dtl__calib_same_node(c, q, r)) return q;
+  return r;
+}
+
+static int64_t dtl__calib_now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static int dtl__cmp_i64(const void *a, const void *b) {
+  int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+  return (x > y) - (x < y);
+}
+
+#define DTL__CALIB_REPS 5
+#define DTL__CALIB_SIZES 3
+/* Bytes of one rank's larger buffer at each size (f32 elements, a multiple of p of them). */
+static const size_t dtl__calib_bytes[DTL__CALIB_SIZES] = {1024, 128 * 1024, 2 * 1024 * 1024};
+
+typedef enum { DTL__CAL_AG, DTL__CAL_AR, DTL__CAL_RS, DTL__CAL_A2A, DTL__CAL_N } dtl__cal_op;
+static const dtl__step_kind dtl__cal_kind[DTL__CAL_N] = {DTL__STEP_ALL_GATHER, DTL__STEP_ALL_REDUCE,
+                                                         DTL__STEP_REDUCE_SCATTER, DTL__STEP_ALL_TO_ALL};
+
+/* One call of op on g with n elements in the larger buffer (a multiple of g's size). */
+static dtl_status dtl__calib_call(dtl_comm *g, dtl__cal_op op, float *a, float *b, size_t n) {
+  size_t blk = n / (size_t)g->size;
+  switch (op) {
+    case DTL__CAL_AG: return dtl_all_gather(g, a, b, blk, DTL_FLOAT32);
+    case DTL__CAL_AR: return dtl_all_reduce(g, a, b, n, DTL_FLOAT32, DTL_SUM);
+    case DTL__CAL_RS: return dtl_reduce_scatter(g, a, b, blk, DTL_FLOAT32, DTL_SUM);
+    default: return dtl_all_to_all(g, a, b, blk, DTL_FLOAT32);
+  }
+}
+
+/* The median over reps of the slowest rank's time of fn, in seconds (every rank gets the same figure). */
+typedef dtl_status (*dtl__calib_fn)(dtl_comm *g, void *arg);
+static dtl_status dtl__calib_time(dtl_comm *g, dtl__calib_fn fn, void *arg, double *out) {
+  int64_t t[DTL__CALIB_REPS];
+  DTL_TRY(fn(g, arg)); /* warm-up: connections, scratch */
+  for (int r = 0; r < DTL__CALIB_REPS; r++) {
+    DTL_TRY(dtl_barrier(g));
+    int64_t t0 = dtl__calib_now_ns();
+    DTL_TRY(fn(g, arg));
+    DTL_TRY(g->ops->synchronize(g));
+    t[r] = dtl__calib_now_ns() - t0;
+  }
+  DTL_TRY(dtl__comm_max_i64(g, t, DTL__CALIB_REPS));
+  qsort(t, DTL__CALIB_REPS, sizeof *t, dtl__cmp_i64);
+  *out = (double)t[DTL__CALIB_REPS / 2] * 1e-9;
+  return DTL_OK;
+}
+
+typedef struct {
+  dtl__cal_op op;
+  float *a, *b;
+  size_t n;
+} dtl__calib_coll;
+
+static dtl_status dtl__calib_coll_fn(dtl_comm *g, void *arg) {
+  dtl__calib_coll *k = arg;
+  return dtl__calib_call(g, k->op, k->a, k->b, k->n);
+}
+
+typedef struct {
+  void *a, *b;
+  size_t bytes;
+} dtl__calib_copy;
+
+static dtl_status dtl__calib_copy_fn(dtl_comm *g, void *arg) {
+  dtl__calib_copy *k = arg;
+  return dtl__mem_copy(&g->mem, k->b, k->a, k->bytes);
+}
+
+/* The charged bytes the model prices op at, n f32 elements in the larger buffer over p ranks (cost.c's volumes:
+ * all-gather receives, reduce-scatter and all-to-all pass all but the kept block, all-reduce 2(p-1)/p). */
+static double dtl__calib_charged(dtl__cal_op op, size_t n, int p) {
+  double bytes = (double)n * 4.0, share = (double)(p - 1) / p;
+  return op == DTL__CAL_AR ? 2.0 * share * bytes : share * bytes;
+}
+
+/* alpha and beta of the link class of g's ranks: the model's prices of four collectives at three sizes fitted to
+ * the measured times by least squares in relative error (the accuracy the planner's choices depend on). One rank:
+ * no link, alpha is a call's overhead and beta the copy's. a and b hold the largest buffer. */
+static dtl_status dtl__calib_link(dtl_comm *g, float *a, float *b, double local_beta, double *alpha, double *beta) {
+  int p = g->size;
+  double saa = 0, sab = 0, sbb = 0, sa = 0, sb = 0, tmin = INFINITY;
+  for (int s = 0; s < DTL__CALIB_SIZES; s++)
+    for (int op = 0; op < DTL__CAL_N; op++) {
+      size_t n = dtl__calib_bytes[s] / 4 / (size_t)p * (size_t)p;
+      dtl__calib_coll k = {(dtl__cal_op)op, a, b, n};
+      double t;
+      DTL_TRY(dtl__calib_time(g, dtl__calib_coll_fn, &k, &t));
+      if (t <= 0) t = 1e-9;
+      double ra = (dtl__step_rounds(dtl__cal_kind[op], p) + 1) / t, rb = dtl__calib_charged(k.op, n, p) / t;
+      saa += ra * ra, sab += ra * rb, sbb += rb * rb, sa += ra, sb += rb;
+      if (s == 0 && t / (dtl__step_rounds(dtl__cal_kind[op], p) + 1) < tmin)
+        tmin = t / (dtl__step_rounds(dtl__cal_kind[op], p) + 1);
+    }
+  double det = saa * sbb - sab * sab, al = 0, be = 0;
+  if (p > 1 && det > 0) {
+    al = (sa * sbb - sb * sab) / det;
+    be = (saa * sb - sab * sa) / det;
+  }
+  /* A fit that makes one term negative (noise on a loaded machine) keeps alpha from the smallest calls and fits
+   * beta alone. */
+  if (!(al > 0) || !(be > 0)) {
+    al = tmin;
+    be = sbb > 0 ? (sb - al * sab) / sbb : 0;
+  }
+  if (!(be > 0) || !isfinite(be)) be = local_beta;
+  *alpha = al;
+  *beta = be;
+  return DTL_OK;
+}
+
+/* Positive doubles order like their bits, so the maximum over the ranks goes through the integer all-reduce. */
+static dtl_status dtl__calib_max(dtl_comm *c, double *v, int n) {
+  int64_t b[8];
+  for (int i = 0; i < n; i++) memcpy(&b[i], &v[i], sizeof b[i]);
+  DTL_TRY(dtl__comm_max_i64(c, b, n));
+  for (int i = 0; i < n; i++) memcpy(&v[i], &b[i], sizeof v[i]);
+  return DTL_OK;
+}
+
+static dtl_status dtl__calib_run(dtl_comm *c, float *a, float *b, dtl_cost_model *m) {
+  double lb, v[4];
+  dtl__calib_copy cp = {a, b, dtl__calib_bytes[DTL__CALIB_SIZES - 1]};
+  DTL_TRY(dtl__calib_time(c, dtl__calib_copy_fn, &cp, &lb));
+  lb /= (double)cp.bytes;
+  if (!(lb > 0)) lb = 1e-12;
+  /* The classes: every rank with the ranks of its node (intra), the first rank of each node with the others
+   * (inter). One node: c itself is the intra group and the inter class takes its figures. */
+  bool one_node = true;
+  for (int r = 1; r < c->size; r++) one_node &= dtl__calib_same_node(c, 0, r);
+  if (one_node) {
+    DTL_TRY(dtl__calib_link(c, a, b, lb, &v[0], &v[1]));
+    v[2] = v[0], v[3] = v[1];
+  } else {
+    dtl_comm *node = NULL, *leaders = NULL;
+    int lead = dtl__calib_node_leader(c, c->rank);
+    v[0] = v[1] = v[2] = v[3] = 0; /* each class's figure comes from its ranks, the maximum below spreads it */
+    dtl_status st = dtl_comm_split(c, lead, c->rank, &node);
+    if (st == DTL_OK) st = dtl__calib_link(node, a, b, lb, &v[0], &v[1]);
+    if (st == DTL_OK) st = dtl_comm_split(c, lead == c->rank ? 0 : 1, c->rank, &leaders);
+    if (st == DTL_OK && lead == c->rank) st = dtl__calib_link(leaders, a, b, lb, &v[2], &v[3]);
+    dtl_comm_destroy(node);
+    dtl_comm_destroy(leaders);
+    DTL_TRY(st);
+  }
+  DTL_TRY(dtl__calib_max(c, v, 4));
+  m->mask = DTL__COST_ALL;
+  m->flags = 0;
+  m->alpha_s = v[0], m->beta_s_per_byte = v[1], m->local_beta_s_per_byte = lb;
+  m->inter_alpha_s = v[2], m->inter_beta_s_per_byte = v[3];
+  return DTL_OK;
+}
+
+/* Every rank reaches here and learns every rank's verdict, so a bad argument on one rank fails all. */
+dtl_status dtl_cost_model_calibrate(const dtl_mesh *mesh, dtl_cost_model *out) {
+  static const char fn[] = "dtl_cost_model_calibrate";
+  DTL_CHECK_ARG(mesh != NULL, fn, "mesh=NULL");
+  DTL_CHECK_ARG(mesh->parent != NULL, fn, "mesh is abstract (no communicator: calibrate on a mesh of dtl_mesh_create)");
+  DTL_CHECK_ARG(mesh->member && mesh->comm, fn, "this rank is not in the mesh (only the mesh's ranks calibrate)");
+  dtl_comm *c = mesh->comm;
+  size_t bytes = dtl__calib_bytes[DTL__CALIB_SIZES - 1];
+  void *a = NULL, *b = NULL;
+  dtl_status st = out ? DTL_OK : dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "out=NULL");
+  if (st == DTL_OK) st = dtl__mem_alloc(&c->mem, bytes, &a);
+  if (st == DTL_OK) st = dtl__mem_alloc(&c->mem, bytes, &b);
+  if (st == DTL_OK) st = dtl__mem_set(&c->mem, a, 0, bytes);
+  int64_t v[1] = {st == DTL_OK ? 0 : 1 + (int64_t)st};
+  dtl_status ag = dtl__comm_max_i64(c, v, 1);
+  dtl_cost_model m;
+  if (st == DTL_OK && ag != DTL_OK) st = ag;
+  else if (st == DTL_OK && v[0])
+    st = dtl__error_fn((dtl_status)(v[0] - 1), fn, "another rank failed (%s; its dtl_last_error says why)",
+                       dtl_status_name((dtl_status)(v[0] - 1)));
+  if (st == DTL_OK) st = dtl__calib_run(c, a, b, &m);
+  /* Every rank computed the fit from the same maxima; rank 0's bits go to all so that every plan is the same. */
+  if (st == DTL_OK) {
+    double w[5] = {m.alpha_s, m.beta_s_per_byte, m.local_beta_s_per_byte, m.inter_alpha_s, m.inter_beta_s_per_byte};
+    if (c->rank != 0) memset(w, 0, sizeof w);
+    st = dtl__calib_max(c, w, 5);
+    m.alpha_s = w[0], m.beta_s_per_byte = w[1], m.local_beta_s_per_byte = w[2];
+    m.inter_alpha_s = w[3], m.inter_beta_s_per_byte = w[4];
+  }
+  if (a) dtl__mem_free(&c->mem, a);
+  if (b) dtl__mem_free(&c->mem, b);
+  if (st == DTL_OK) *out = m;
+  return st;
+}
+
+dtl_status dtl_cost_model_save(const char *path, const dtl_mesh *mesh, const dtl_cost_model *model) {
+  static const char fn[] = "dtl_cost_model_save";
+  DTL_CHECK_ARG(path != NULL && path[0], fn, "path=%s (expected a file name)", path ? "\"\"" : "NULL");
+  DTL_CHECK_ARG(mesh != NULL, fn, "mesh=NULL");
+  DTL_CHECK_ARG(model != NULL, fn, "model=NULL");
+  DTL_CHECK_ARG(mesh->parent != NULL, fn, "mesh is abstract (a profile names the engine and ranks of a communicator)");
+  /* The model as a plan on this mesh would resolve it with model as the override: every field present. */
+  dtl_cost_model full;
+  DTL_TRY(dtl__cost_resolve(fn, mesh, model, &full));
+  char cost[320];
+  if (dtl__cost_render(&full, cost, sizeof cost) >= sizeof cost)
+    return dtl__error_fn(DTL_ERR_INTERNAL, fn, "the cost line does not fit %zu bytes", sizeof cost);
+  const dtl_comm *c = mesh->parent;
+  char comment[96];
+  snprintf(comment, sizeof comment, "recorded by dtl_cost_model_save on %d ranks of %s", c->size,
+           dtl_comm_backend_name(c));
+  return dtl__profile_write(path, fn, dtl_comm_backend_name(c), c->size, cost, dtl__mpi_table(c), comment);
+}

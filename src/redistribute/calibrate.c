@@ -57,30 +57,27 @@ static int dtl__cmp_i64(const void *a, const void *b) {
 }
 
 #define DTL__CALIB_REPS 5
-#define DTL__CALIB_SIZES 3
-/* Bytes of one rank's larger buffer at each size (f32 elements, a multiple of p of them). */
-static const size_t dtl__calib_bytes[DTL__CALIB_SIZES] = {1024, 128 * 1024, 2 * 1024 * 1024};
+#define DTL__CALIB_SIZES 4
+/* Global bytes of the tensor at each size: from latency-bound to beyond the caches, where the bandwidth of large
+ * redistributions is set. */
+static const size_t dtl__calib_bytes[DTL__CALIB_SIZES] = {4 * 1024, 64 * 1024, 1024 * 1024, 4 * 1024 * 1024};
+/* The redistributions measured on a 1-D mesh, one per path of the executor: an all-gather of the outer and of the
+ * inner dim (that one unpacks), an all-reduce, a reduce-scatter, an all-to-all (that one packs). */
+#define DTL__CALIB_CASES 5
+static const char *const dtl__calib_from[DTL__CALIB_CASES] = {"S0", "S1", "P", "P", "S0"};
+static const char *const dtl__calib_to[DTL__CALIB_CASES] = {"R", "R", "R", "S0", "S1"};
 
-typedef enum { DTL__CAL_AG, DTL__CAL_AR, DTL__CAL_RS, DTL__CAL_A2A, DTL__CAL_N } dtl__cal_op;
-static const dtl__step_kind dtl__cal_kind[DTL__CAL_N] = {DTL__STEP_ALL_GATHER, DTL__STEP_ALL_REDUCE,
-                                                         DTL__STEP_REDUCE_SCATTER, DTL__STEP_ALL_TO_ALL};
-
-/* One call of op on g with n elements in the larger buffer (a multiple of g's size). */
-static dtl_status dtl__calib_call(dtl_comm *g, dtl__cal_op op, float *a, float *b, size_t n) {
-  size_t blk = n / (size_t)g->size;
-  switch (op) {
-    case DTL__CAL_AG: return dtl_all_gather(g, a, b, blk, DTL_FLOAT32);
-    case DTL__CAL_AR: return dtl_all_reduce(g, a, b, n, DTL_FLOAT32, DTL_SUM);
-    case DTL__CAL_RS: return dtl_reduce_scatter(g, a, b, blk, DTL_FLOAT32, DTL_SUM);
-    default: return dtl_all_to_all(g, a, b, blk, DTL_FLOAT32);
-  }
+/* The side of the square f32 tensor of about bytes, a multiple of p. */
+static int64_t dtl__calib_side(size_t bytes, int p) {
+  int64_t n = (int64_t)llround(sqrt((double)bytes / 4.0) / p) * p;
+  return n < p ? p : n;
 }
 
 /* The median over reps of the slowest rank's time of fn, in seconds (every rank gets the same figure). */
 typedef dtl_status (*dtl__calib_fn)(dtl_comm *g, void *arg);
 static dtl_status dtl__calib_time(dtl_comm *g, dtl__calib_fn fn, void *arg, double *out) {
   int64_t t[DTL__CALIB_REPS];
-  DTL_TRY(fn(g, arg)); /* warm-up: connections, scratch */
+  DTL_TRY(fn(g, arg)); /* warm-up: connections, workspace */
   for (int r = 0; r < DTL__CALIB_REPS; r++) {
     DTL_TRY(dtl_barrier(g));
     int64_t t0 = dtl__calib_now_ns();
@@ -95,60 +92,93 @@ static dtl_status dtl__calib_time(dtl_comm *g, dtl__calib_fn fn, void *arg, doub
 }
 
 typedef struct {
-  dtl__cal_op op;
-  float *a, *b;
-  size_t n;
-} dtl__calib_coll;
-
-static dtl_status dtl__calib_coll_fn(dtl_comm *g, void *arg) {
-  dtl__calib_coll *k = arg;
-  return dtl__calib_call(g, k->op, k->a, k->b, k->n);
-}
-
-typedef struct {
+  const dtl_plan *plan;
   void *a, *b;
   size_t bytes;
-} dtl__calib_copy;
+} dtl__calib_arg;
+
+static dtl_status dtl__calib_plan_fn(dtl_comm *g, void *arg) {
+  dtl__calib_arg *k = arg;
+  (void)g;
+  return dtl_plan_execute(k->plan, k->a, k->b);
+}
 
 static dtl_status dtl__calib_copy_fn(dtl_comm *g, void *arg) {
-  dtl__calib_copy *k = arg;
+  dtl__calib_arg *k = arg;
   return dtl__mem_copy(&g->mem, k->b, k->a, k->bytes);
 }
 
-/* The charged bytes the model prices op at, n f32 elements in the larger buffer over p ranks (cost.c's volumes:
- * all-gather receives, reduce-scatter and all-to-all pass all but the kept block, all-reduce 2(p-1)/p). */
-static double dtl__calib_charged(dtl__cal_op op, size_t n, int p) {
-  double bytes = (double)n * 4.0, share = (double)(p - 1) / p;
-  return op == DTL__CAL_AR ? 2.0 * share * bytes : share * bytes;
+/* What the model charges a plan, by parameter: calls (ring rounds + 1 per collective), network bytes and locally
+ * touched bytes, from the planner's own volumes (cost.c), so that t = calls alpha + net beta + local local_beta.
+ * false for a plan with an exchange, whose price depends on its peers (not measured here). */
+static bool dtl__calib_terms(const dtl_plan *p, double *calls, double *net, double *local) {
+  *calls = *net = *local = 0;
+  for (int i = 0; i < p->nsteps; i++) {
+    const dtl__plan_step *st = &p->steps[i];
+    if (st->kind == DTL__STEP_EXCHANGE) return false;
+    dtl__step_volume v;
+    dtl__step_volume_max(&p->src, st->kind, st->mesh_dim, st->before, st->after, &v);
+    if (st->kind == DTL__STEP_LOCAL_SLICE || st->kind == DTL__STEP_LOCAL_PARTIAL) {
+      *local += (double)v.charged;
+    } else {
+      *calls += dtl__step_rounds(st->kind, p->src.mesh->shape[st->mesh_dim]) + 1;
+      *net += (double)v.charged;
+    }
+  }
+  return true;
 }
 
-/* alpha and beta of the link class of g's ranks: the model's prices of four collectives at three sizes fitted to
- * the measured times by least squares in relative error (the accuracy the planner's choices depend on). One rank:
- * no link, alpha is a call's overhead and beta the copy's. a and b hold the largest buffer. */
-static dtl_status dtl__calib_link(dtl_comm *g, float *a, float *b, double local_beta, double *alpha, double *beta) {
+/* alpha and beta of the link class of g's ranks: the model's prices of the redistributions above at four sizes
+ * (plans on a 1-D mesh over g, as dtl_plan_create makes them) fitted to their measured times by least squares in
+ * relative error (the accuracy the planner's choices depend on). Where no plan communicates (one rank) there is
+ * no link: alpha is a call's overhead and beta the copy's. a and b hold the largest tensor. */
+static dtl_status dtl__calib_link(dtl_comm *g, void *a, void *b, double local_beta, double *alpha, double *beta) {
   int p = g->size;
-  double saa = 0, sab = 0, sbb = 0, sa = 0, sb = 0, tmin = INFINITY;
-  for (int s = 0; s < DTL__CALIB_SIZES; s++)
-    for (int op = 0; op < DTL__CAL_N; op++) {
-      size_t n = dtl__calib_bytes[s] / 4 / (size_t)p * (size_t)p;
-      dtl__calib_coll k = {(dtl__cal_op)op, a, b, n};
-      double t;
-      DTL_TRY(dtl__calib_time(g, dtl__calib_coll_fn, &k, &t));
-      if (t <= 0) t = 1e-9;
-      double ra = (dtl__step_rounds(dtl__cal_kind[op], p) + 1) / t, rb = dtl__calib_charged(k.op, n, p) / t;
-      saa += ra * ra, sab += ra * rb, sbb += rb * rb, sa += ra, sb += rb;
-      if (s == 0 && t / (dtl__step_rounds(dtl__cal_kind[op], p) + 1) < tmin)
-        tmin = t / (dtl__step_rounds(dtl__cal_kind[op], p) + 1);
+  dtl_mesh *m = NULL;
+  DTL_TRY(dtl_mesh_create(g, 1, &p, &m));
+  double saa = 0, sab = 0, sbb = 0, sa = 0, sb = 0, amin = INFINITY, tmin = INFINITY;
+  dtl_status st = DTL_OK;
+  for (int s = 0; s < DTL__CALIB_SIZES && st == DTL_OK; s++)
+    for (int c = 0; c < DTL__CALIB_CASES && st == DTL_OK; c++) {
+      int64_t n = dtl__calib_side(dtl__calib_bytes[s], p), shape[2] = {n, n};
+      dtl_placement pf, pt;
+      int one;
+      dtl_layout *src = NULL, *dst = NULL;
+      dtl_plan *plan = NULL;
+      st = dtl_placements_parse(dtl__calib_from[c], &pf, 1, &one);
+      if (st == DTL_OK) st = dtl_placements_parse(dtl__calib_to[c], &pt, 1, &one);
+      if (st == DTL_OK) st = dtl_layout_create(m, DTL_FLOAT32, 2, shape, &pf, &src);
+      if (st == DTL_OK) st = dtl_layout_create(m, DTL_FLOAT32, 2, shape, &pt, &dst);
+      if (st == DTL_OK) st = dtl_plan_create(src, dst, &plan);
+      double calls, net, local, t = 0;
+      if (st == DTL_OK && dtl__calib_terms(plan, &calls, &net, &local)) {
+        dtl__calib_arg k = {plan, a, b, 0};
+        st = dtl__calib_time(g, dtl__calib_plan_fn, &k, &t);
+        t = t > 1e-9 ? t : 1e-9;
+        if (st == DTL_OK && calls > 0) {
+          double rest = t - local * local_beta; /* the local steps' share, at the measured copy speed */
+          rest = rest > 0.1 * t ? rest : 0.1 * t;
+          double ra = calls / t, rb = net / t, rt = rest / t;
+          saa += ra * ra, sab += ra * rb, sbb += rb * rb, sa += ra * rt, sb += rb * rt;
+          if (s == 0 && rest / calls < amin) amin = rest / calls;
+        }
+        if (st == DTL_OK && t < tmin) tmin = t;
+      }
+      dtl_plan_destroy(plan);
+      dtl_layout_destroy(src);
+      dtl_layout_destroy(dst);
     }
+  dtl_mesh_destroy(m);
+  DTL_TRY(st);
   double det = saa * sbb - sab * sab, al = 0, be = 0;
-  if (p > 1 && det > 0) {
+  if (det > 0) {
     al = (sa * sbb - sb * sab) / det;
     be = (saa * sb - sab * sa) / det;
   }
   /* A fit that makes one term negative (noise on a loaded machine) keeps alpha from the smallest calls and fits
-   * beta alone. */
+   * beta alone; with no link at all, alpha is the smallest call. */
   if (!(al > 0) || !(be > 0)) {
-    al = tmin;
+    al = isfinite(amin) ? amin : isfinite(tmin) ? tmin : 1e-6;
     be = sbb > 0 ? (sb - al * sab) / sbb : 0;
   }
   if (!(be > 0) || !isfinite(be)) be = local_beta;
@@ -166,9 +196,9 @@ static dtl_status dtl__calib_max(dtl_comm *c, double *v, int n) {
   return DTL_OK;
 }
 
-static dtl_status dtl__calib_run(dtl_comm *c, float *a, float *b, dtl_cost_model *m) {
+static dtl_status dtl__calib_run(dtl_comm *c, void *a, void *b, dtl_cost_model *m) {
   double lb, v[4];
-  dtl__calib_copy cp = {a, b, dtl__calib_bytes[DTL__CALIB_SIZES - 1]};
+  dtl__calib_arg cp = {NULL, a, b, dtl__calib_bytes[DTL__CALIB_SIZES - 1]};
   DTL_TRY(dtl__calib_time(c, dtl__calib_copy_fn, &cp, &lb));
   lb /= (double)cp.bytes;
   if (!(lb > 0)) lb = 1e-12;
@@ -206,7 +236,8 @@ dtl_status dtl_cost_model_calibrate(const dtl_mesh *mesh, dtl_cost_model *out) {
   DTL_CHECK_ARG(mesh->parent != NULL, fn, "mesh is abstract (no communicator: calibrate on a mesh of dtl_mesh_create)");
   DTL_CHECK_ARG(mesh->member && mesh->comm, fn, "this rank is not in the mesh (only the mesh's ranks calibrate)");
   dtl_comm *c = mesh->comm;
-  size_t bytes = dtl__calib_bytes[DTL__CALIB_SIZES - 1];
+  int64_t side = dtl__calib_side(dtl__calib_bytes[DTL__CALIB_SIZES - 1], c->size);
+  size_t bytes = (size_t)(side * side) * 4;
   void *a = NULL, *b = NULL;
   dtl_status st = out ? DTL_OK : dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "out=NULL");
   if (st == DTL_OK) st = dtl__mem_alloc(&c->mem, bytes, &a);

@@ -125,17 +125,14 @@ static dtl_placement parse1(const char *t) {
   return p;
 }
 
-/* Median over iters rounds of the slowest rank's dtl_plan_execute of plan. */
-static double plan_time(const dtl_plan *plan, bench_buf *b, MPI_Comm comm, int iters, double *scratch) {
-  dtl_plan_execute(plan, b->in, b->out); /* warm-up: the plan's workspace */
-  for (int i = 0; i < iters; i++) {
-    MPI_Barrier(comm);
-    double t0 = MPI_Wtime();
-    dtl_plan_execute(plan, b->in, b->out);
-    double t = MPI_Wtime() - t0;
-    MPI_Allreduce(&t, &scratch[i], 1, MPI_DOUBLE, MPI_MAX, comm);
-  }
-  return median(scratch, iters);
+/* The slowest rank's time of one dtl_plan_execute of plan. */
+static double plan_time(const dtl_plan *plan, bench_buf *b, MPI_Comm comm) {
+  MPI_Barrier(comm);
+  double t0 = MPI_Wtime();
+  dtl_plan_execute(plan, b->in, b->out);
+  double t = MPI_Wtime() - t0, tmax;
+  MPI_Allreduce(&t, &tmax, 1, MPI_DOUBLE, MPI_MAX, comm);
+  return tmax;
 }
 
 /* "all-gather" or "reduce-scatter+local-slice": the step kinds of explain's lines ("step N  [mesh dim M]  kind"). */
@@ -160,7 +157,7 @@ static void route_name(const dtl_plan *p, char *out, size_t cap) {
 
 /* Every route the planner considered for src -> dst: the plan of each cost model that favours another trade-off,
  * and the plan under half the chosen plan's scratch; each distinct one timed. Returns chosen / fastest. */
-static double time_routes(const char *cname, size_t bytes, bench_buf *b, MPI_Comm comm, int iters, double *scratch) {
+static double time_routes(const char *cname, size_t bytes, bench_buf *b, MPI_Comm comm, int iters) {
   dtl_plan *cand[8];
   const char *why[8];
   int nc = 0;
@@ -179,25 +176,35 @@ static double time_routes(const char *cname, size_t bytes, bench_buf *b, MPI_Com
     if (dtl_plan_create_with_cost(b->src, b->dst, &alt[k].m, &cand[nc]) == DTL_OK) why[nc++] = alt[k].why;
   size_t sc = dtl_plan_scratch_bytes(cand[0]);
   if (sc > 0 && dtl_plan_create_with_limit(b->src, b->dst, sc / 2, &cand[nc]) == DTL_OK) why[nc++] = "half scratch";
-  double chosen = NAN, best = INFINITY;
+  int uniq[8], nu = 0;
   for (int i = 0; i < nc; i++) {
     uint64_t si, ri, sj, rj;
     dtl_plan_bytes(cand[i], &si, &ri);
     bool dup = false;
-    for (int j = 0; j < i && !dup; j++) {
-      dtl_plan_bytes(cand[j], &sj, &rj);
-      dup = dtl_plan_num_steps(cand[i]) == dtl_plan_num_steps(cand[j]) &&
-            dtl_plan_num_collectives(cand[i]) == dtl_plan_num_collectives(cand[j]) && si == sj && ri == rj &&
-            dtl_plan_scratch_bytes(cand[i]) == dtl_plan_scratch_bytes(cand[j]);
+    for (int u = 0; u < nu && !dup; u++) {
+      const dtl_plan *o = cand[uniq[u]];
+      dtl_plan_bytes(o, &sj, &rj);
+      dup = dtl_plan_num_steps(cand[i]) == dtl_plan_num_steps(o) &&
+            dtl_plan_num_collectives(cand[i]) == dtl_plan_num_collectives(o) && si == sj && ri == rj &&
+            dtl_plan_scratch_bytes(cand[i]) == dtl_plan_scratch_bytes(o);
     }
-    if (dup) continue;
-    double t = plan_time(cand[i], b, comm, iters, scratch);
-    if (i == 0) chosen = t;
-    if (t < best) best = t;
-    char name[128];
-    route_name(cand[i], name, sizeof name);
-    if (rank == 0) printf("#   route %-7s %10zu  %-34s %-15s %12.1f us\n", cname, bytes, name, why[i], t * 1e6);
+    if (!dup) uniq[nu++] = i;
   }
+  /* Rounds interleave the routes, so that load coming and going on a shared machine falls on all of them. */
+  double *t = malloc(sizeof(double) * (size_t)(nu * iters));
+  for (int u = 0; u < nu; u++) dtl_plan_execute(cand[uniq[u]], b->in, b->out); /* warm-up: workspaces */
+  for (int r = 0; r < iters; r++)
+    for (int u = 0; u < nu; u++) t[u * iters + r] = plan_time(cand[uniq[u]], b, comm);
+  double chosen = NAN, best = INFINITY;
+  for (int u = 0; u < nu; u++) {
+    double m = median(t + u * iters, iters);
+    if (u == 0) chosen = m;
+    if (m < best) best = m;
+    char name[128];
+    route_name(cand[uniq[u]], name, sizeof name);
+    if (rank == 0) printf("#   route %-7s %10zu  %-34s %-15s %12.1f us\n", cname, bytes, name, why[uniq[u]], m * 1e6);
+  }
+  free(t);
   for (int i = 0; i < nc; i++) dtl_plan_destroy(cand[i]);
   return chosen / best;
 }
@@ -469,7 +476,7 @@ int main(int argc, char **argv) {
       if (rank == 0)
         printf("  %-7s %10zu %10zu %5s %12.1f %9.3f %9.3f %12.1f %7.3f %7ld %10.1f %9.3f  %s\n", case_name[c], real, count,
                "f32", md * 1e6, algbw, algbw * busf, mr * 1e6, ratio, total_wrong, pred * 1e6, pred / md, raw_name[c]);
-      if (routes && nq < 64) quality[nq++] = time_routes(case_name[c], real, &b, mc, iters, td);
+      if (routes && nq < 64) quality[nq++] = time_routes(case_name[c], real, &b, mc, iters);
       free(b.in);
       free(b.out);
       free(b.raw_in);

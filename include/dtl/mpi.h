@@ -21,9 +21,10 @@ DTL_API MPI_Comm dtl_comm_mpi_handle(const dtl_comm *c);
 /* Algorithms. All-reduce, reduce-scatter(v), all-gather(v), all-to-all(v) and reduce run either the MPI call
  * or one of dtl's own algorithms, chosen per call from a table by collective, number of ranks and call size
  * (README, "Collective algorithms"). The table is read when the communicator is made (a split keeps its
- * parent's): the built-in one, or the file named by DTL_ALGO_TABLE; DTL_ALGO=coll:algo,... forces one
- * algorithm per collective. Every rank must run with the same; dtl_comm_from_mpi fails on every rank when a
- * rank cannot read them or reads another.
+ * parent's): the built-in one, or the rows of the profile DTL_PROFILE names (README, Calibration), or the file
+ * named by DTL_ALGO_TABLE (which wins over the profile's rows); DTL_ALGO=coll:algo,... forces one algorithm per
+ * collective. Every rank must run with the same; dtl_comm_from_mpi fails on every rank when a rank cannot read
+ * them or reads another, and with DTL_ERR_MISMATCH when the profile was recorded on another number of ranks.
  *
  * Reproducible reductions: for floating SUM, PROD and AVG, every dtl algorithm folds the ranks' contributions
  * in rank order, ((x0 + x1) + x2) + ... (f16/bf16: each step in f32, rounded back), so a result is bitwise the

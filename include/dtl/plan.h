@@ -47,13 +47,14 @@ typedef struct {
 DTL_API dtl_status dtl_cost_model_default(dtl_memory memory, dtl_cost_model *out);
 
 /* Calibration (README, Calibration). Measures the model on the ranks of mesh, collective over them (every rank of
- * the mesh calls it; an abstract mesh, or a rank outside the mesh, is DTL_ERR_INVALID_ARGUMENT): local_beta from a
- * 2 MiB copy in the communicator's memory; alpha and beta as the least-squares fit, in relative error, of the
- * model's own prices of all-gather, all-reduce, reduce-scatter and all-to-all at 1 KiB, 128 KiB and 2 MiB to their
- * measured times (each the median of 5 runs of the slowest rank); on one rank there is no link, alpha is a call's
- * overhead and beta the copy's. The inter-node fields take the figures of the links between the nodes' first
- * ranks when the ranks span several nodes, else the intra-node ones. About 0.5 s on 4 ranks of one node. Every
- * rank gets the same model, bit for bit (every mask bit set), so every rank derives the same plans. */
+ * the mesh calls it; an abstract mesh, or a rank outside the mesh, is DTL_ERR_INVALID_ARGUMENT; a bad argument on
+ * one rank fails every rank): local_beta from a 4 MiB copy in the communicator's memory; alpha and beta as the
+ * least-squares fit, in relative error, of the planner's own prices of the plans S0->R, S1->R, P->R, P->S0 and
+ * S0->S1 of an f32 matrix of 4 KiB to 4 MiB on a 1-D mesh over the mesh's ranks to their measured times (each the
+ * second fastest of 5 runs of the slowest rank); with no link (one rank) alpha is a call's overhead and beta the copy's.
+ * The inter-node fields take the figures of the links between the nodes' first ranks when the ranks span several
+ * nodes, else the intra-node ones. About half a second on 4 ranks of one node. Every rank gets the same model,
+ * bit for bit (every mask bit set), so every rank derives the same plans; a failure leaves *out untouched. */
 DTL_API dtl_status dtl_cost_model_calibrate(const dtl_mesh *mesh, dtl_cost_model *out);
 /* Writes a profile for DTL_PROFILE to path (this rank alone: call it on one rank): the engine and size of the
  * communicator of mesh (abstract: DTL_ERR_INVALID_ARGUMENT), model (fields whose mask bit is clear: as a plan on

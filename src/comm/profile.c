@@ -82,7 +82,7 @@ dtl_status dtl__profile_parse(const char *text, const char *source, const char *
   /* The table rows go to the DTL_ALGO_TABLE parser as a text of the same lines (the others blank), so that its
    * messages name the file's line numbers. */
   size_t len = strlen(text);
-  char *rows = dtl__malloc(len + 1), *line = dtl__malloc(len + 1);
+  char *rows = dtl__malloc(len + 2), *line = dtl__malloc(len + 1); /* rows: a newline more than a last line without */
   if (!rows || !line) {
     dtl__free(rows);
     dtl__free(line);

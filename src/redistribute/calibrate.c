@@ -153,6 +153,14 @@ static dtl_status dtl__calib_link(dtl_comm *g, void *a, void *b, double local_be
       if (st == DTL_OK) st = dtl_layout_create(m, DTL_FLOAT32, 2, shape, &pf, &src);
       if (st == DTL_OK) st = dtl_layout_create(m, DTL_FLOAT32, 2, shape, &pt, &dst);
       if (st == DTL_OK) st = dtl_plan_create(src, dst, &plan);
+      /* Planning is local (DTL_PLAN_TUNE may differ, memory may run out): the ranks agree before they time it. */
+      int64_t v = st == DTL_OK ? 0 : 1 + (int64_t)st;
+      dtl_status ag = dtl__comm_max_i64(g, &v, 1);
+      if (st == DTL_OK && ag != DTL_OK) st = ag;
+      else if (st == DTL_OK && v)
+        st = dtl__error_fn((dtl_status)(v - 1), "dtl_cost_model_calibrate", "another rank failed to plan %s->%s "
+                           "(%s; its dtl_last_error says why)", dtl__calib_from[c], dtl__calib_to[c],
+                           dtl_status_name((dtl_status)(v - 1)));
       double calls, net, local, t = 0;
       if (st == DTL_OK && dtl__calib_terms(plan, &calls, &net, &local)) {
         dtl__calib_arg k = {plan, a, b, 0};

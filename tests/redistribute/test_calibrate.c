@@ -95,6 +95,13 @@ static void calibrate_rejects_bad_arguments_on_every_rank(void) {
     if (rank == 0) CHECK_OK(dtl_cost_model_calibrate(solo, &m));
     else CHECK_ERROR(dtl_cost_model_calibrate(solo, &m), DTL_ERR_INVALID_ARGUMENT, "not in the mesh");
     dtl_mesh_destroy(solo);
+    /* one rank cannot plan (its DTL_PLAN_TUNE is malformed): every rank fails, none hangs */
+    if (rank == size - 1) setenv("DTL_PLAN_TUNE", "alpha=fast", 1);
+    st = dtl_cost_model_calibrate(mesh, &m);
+    unsetenv("DTL_PLAN_TUNE");
+    CHECK(st == DTL_ERR_INVALID_ARGUMENT, "one rank's DTL_PLAN_TUNE: %s: %s", dtl_status_name(st), dtl_last_error());
+    if (rank != size - 1)
+      CHECK(strstr(dtl_last_error(), "another rank failed to plan") != NULL, "message '%s'", dtl_last_error());
   }
 }
 

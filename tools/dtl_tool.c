@@ -32,9 +32,9 @@ static const char usage[] =
     "        draw which mesh coordinates hold which block of a 1-D or 2-D tensor\n"
     "  info  version, backends built, default cost models, environment variables read\n"
     "  calibrate [--out FILE]\n"
-    "        run under mpirun (e.g. mpirun -n 4 dtl calibrate --out dtl.profile): measure the cost\n"
-    "        model on all ranks (about a second), print it with the algorithm table, and write them\n"
-    "        as a profile for DTL_PROFILE (rank 0 writes; default file dtl.profile)\n"
+    "        run under mpirun (e.g. mpirun -n 4 dtl calibrate --out dtl.profile): time the MPI\n"
+    "        algorithms and measure the cost model on all ranks (a second or two), print them, and\n"
+    "        write them as a profile for DTL_PROFILE (rank 0 writes; default file dtl.profile)\n"
     "  help  this text (also --help, -h)\n"
     "\n"
     "placements: one per mesh dim, comma-separated: R, S(d) or Sd (d may be negative), P or P(op)\n"
@@ -334,6 +334,7 @@ static int cmd_calibrate(int argc, char **argv) {
   dtl_cost_model model;
   dtl_status st = dtl_comm_from_mpi(MPI_COMM_WORLD, &c);
   int size = dtl_comm_size(c), rank = dtl_comm_rank(c);
+  if (st == DTL_OK) st = dtl_mpi_algorithm_calibrate(c); /* first: the mesh's communicators inherit the table */
   if (st == DTL_OK) st = dtl_mesh_create(c, 1, &size, &m);
   if (st == DTL_OK) st = dtl_cost_model_calibrate(m, &model);
   if (st == DTL_OK && rank == 0) st = dtl_cost_model_save(path, m, &model);

@@ -40,6 +40,13 @@ DTL_API const char *dtl_comm_mpi_last_algorithm(const dtl_comm *c);
  * 0) and the whole length in *len (may be NULL). DTL_ERR_INVALID_ARGUMENT when DTL_ALGO or DTL_ALGO_TABLE is
  * malformed, naming the entry. */
 DTL_API dtl_status dtl_mpi_algorithm_table(char *buf, size_t cap, size_t *len);
+/* Measures the algorithms of all-reduce, reduce-scatter, all-gather and all-to-all on c (collective over c; about
+ * a second on 4 ranks): each algorithm at calls of 4 KiB, 64 KiB and 1 MiB (class any with int32 sums, class exact
+ * with f32 sums where c has 3 or more ranks), the second fastest of 5 runs of the slowest rank, and replaces those
+ * collectives' rows of c's table by the fastest per size (rows from 0, 16K and 256K), the same on every rank;
+ * the other rows and DTL_ALGO's forced choices stay. Communicators split from c afterwards inherit the table, and
+ * dtl_cost_model_save writes it into a profile. A communicator of another transport is DTL_ERR_INVALID_ARGUMENT. */
+DTL_API dtl_status dtl_mpi_algorithm_calibrate(dtl_comm *c);
 
 #ifdef __cplusplus
 }

@@ -1129,6 +1129,8 @@ const dtl__algo_table *dtl__mpi_table(const dtl_comm *c) {
   return c && c->ops == &dtl__mpi_ops ? &dtl__mpi_of(c)->table : NULL;
 }
 
+dtl__algo_table *dtl__mpi_table_of(dtl_comm *c) { return c && c->ops == &dtl__mpi_ops ? &dtl__mpi_of(c)->table : NULL; }
+
 dtl_status dtl_mpi_algorithm_table(char *buf, size_t cap, size_t *len) {
   static const char fn[] = "dtl_mpi_algorithm_table";
   DTL_CHECK_ARG(buf != NULL || cap == 0, fn, "buf=NULL with cap=%zu", cap);

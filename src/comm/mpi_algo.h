@@ -59,6 +59,11 @@ typedef struct {
 const char *dtl__coll_name(dtl__coll k);
 const char *dtl__algo_name(dtl__algo a);
 
+/* Whether a is one of coll's algorithms. */
+bool dtl__algo_allowed(dtl__coll coll, dtl__algo a);
+/* The table of an MPI communicator, which dtl_mpi_algorithm_calibrate replaces; NULL for another transport. */
+dtl__algo_table *dtl__mpi_table_of(dtl_comm *c);
+
 /* The built-in table. */
 void dtl__algo_table_default(dtl__algo_table *t);
 /* Replaces t's rows by the rows of text (the DTL_ALGO_TABLE format); source names the text in messages. */

@@ -57,6 +57,8 @@ static const struct {
 static const unsigned multi_phase = A(RS_AG) | A(RING) | A(RS_GATHER) | A(CHAIN);
 #undef A
 
+bool dtl__algo_allowed(dtl__coll coll, dtl__algo a) { return coll < DTL__NCOLLS && (colls[coll].algos >> a & 1u); }
+
 const char *dtl__coll_name(dtl__coll k) { return k < DTL__NCOLLS ? coll_names[k] : "?"; }
 const char *dtl__algo_name(dtl__algo a) { return a < DTL__NALGOS ? algo_names[a] : "?"; }
 

@@ -272,6 +272,39 @@ static void different_profiles_on_different_ranks_fail_every_rank(void) {
   unsetenv("DTL_PROFILE");
 }
 
+/* The sweep replaces the swept collectives' rows by measured ones, the same on every rank, keeps DTL_ALGO's forced
+ * choices, and the calls then run what the new rows say. */
+static void the_algorithm_sweep_installs_one_valid_table_on_every_rank(void) {
+  CHECK_ERROR(dtl_mpi_algorithm_calibrate(NULL), DTL_ERR_INVALID_ARGUMENT, "comm=NULL");
+  setenv("DTL_ALGO", "reduce:chain", 1);
+  dtl_comm *c = NULL;
+  REQUIRE_OK(dtl_comm_from_mpi(MPI_COMM_WORLD, &c));
+  unsetenv("DTL_ALGO");
+  CHECK_OK(dtl_mpi_algorithm_calibrate(c));
+  const dtl__algo_table *t = dtl__mpi_table(c);
+  int64_t fp[2] = {(int64_t)(t->fp >> 1), -(int64_t)(t->fp >> 1)};
+  MPI_Allreduce(MPI_IN_PLACE, fp, 2, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
+  CHECK(fp[0] == -fp[1], "the ranks installed different tables");
+  CHECK(t->forced[DTL__COLL_REDUCE] == DTL__ALGO_CHAIN, "DTL_ALGO's forced choice was lost");
+  for (int k = 0; k < DTL__NCOLLS; k++)
+    if (k != DTL__COLL_REDUCE) CHECK(t->forced[k] == -1, "collective %d left forced to %d", k, t->forced[k]);
+  int ag_rows = 0;
+  for (int i = 0; i < t->nrows; i++) ag_rows += t->rows[i].coll == DTL__COLL_ALL_GATHER;
+  CHECK(ag_rows >= 1 && ag_rows <= 3, "%d all_gather rows (expected 1 to 3 measured ones)", ag_rows);
+  /* the row for a 1 MiB all-gather is what runs */
+  size_t n = (1048576 / 4) / (size_t)size * (size_t)size;
+  int32_t *x = calloc(n, sizeof *x), *y = calloc(n, sizeof *y);
+  CHECK_OK(dtl_all_gather(c, x, y, n / (size_t)size, DTL_INT32));
+  dtl__algo want = dtl__algo_pick(t, DTL__COLL_ALL_GATHER, DTL__CLASS_ANY, size, n * 4, false, false);
+  char name[64];
+  snprintf(name, sizeof name, "all_gather:%s", dtl__algo_name(want));
+  CHECK(strcmp(dtl_comm_mpi_last_algorithm(c), name) == 0, "ran %s, the table says %s", dtl_comm_mpi_last_algorithm(c),
+        name);
+  free(x);
+  free(y);
+  dtl_comm_destroy(c);
+}
+
 int main(int argc, char **argv) {
   dt_init(&argc, &argv);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -292,6 +325,7 @@ int main(int argc, char **argv) {
   RUN(malformed_profiles_fail_naming_the_file_and_line);
   RUN(a_profile_of_another_rank_count_or_engine_is_a_mismatch);
   RUN(different_profiles_on_different_ranks_fail_every_rank);
+  RUN(the_algorithm_sweep_installs_one_valid_table_on_every_rank);
   char mine[128];
   snprintf(mine, sizeof mine, "%s.r%d", path, rank);
   remove(mine);

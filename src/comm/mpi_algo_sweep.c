@@ -5,13 +5,12 @@
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
+#include <math.h>
 #include "comm/agree.h"
 #include "comm/mpi_algo.h"
 #include "comm/profile.h"
 #include "dtl/mpi.h"
 
-#define DTL__SWEEP_REPS 5
 #define DTL__SWEEP_SIZES 3
 /* Call sizes (the larger buffer of one rank) and the boundaries between them where a row may start. */
 static const size_t dtl__sweep_bytes[DTL__SWEEP_SIZES] = {4096, 65536, 1048576};
@@ -19,17 +18,6 @@ static const uint64_t dtl__sweep_from[DTL__SWEEP_SIZES] = {0, 16384, 262144};
 /* The collectives swept (all_to_allv and reduce keep their rows: their calls are shaped by the caller). */
 static const dtl__coll dtl__sweep_colls[] = {DTL__COLL_ALL_REDUCE, DTL__COLL_REDUCE_SCATTER, DTL__COLL_ALL_GATHER,
                                             DTL__COLL_ALL_TO_ALL};
-
-static int64_t dtl__sweep_now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
-static int dtl__sweep_cmp(const void *a, const void *b) {
-  int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-  return (x > y) - (x < y);
-}
 
 /* One call of coll with bytes in the larger buffer (a multiple of 4 x size). */
 static dtl_status dtl__sweep_call(dtl_comm *c, dtl__coll k, dtl_dtype t, void *a, void *b, size_t bytes) {
@@ -42,20 +30,16 @@ static dtl_status dtl__sweep_call(dtl_comm *c, dtl__coll k, dtl_dtype t, void *a
   }
 }
 
-/* The second fastest of the slowest rank's times (load on a shared machine only ever adds), same on every rank. */
-static dtl_status dtl__sweep_time(dtl_comm *c, dtl__coll k, dtl_dtype t, void *a, void *b, size_t bytes, int64_t *out) {
-  int64_t ts[DTL__SWEEP_REPS];
-  DTL_TRY(dtl__sweep_call(c, k, t, a, b, bytes));
-  for (int r = 0; r < DTL__SWEEP_REPS; r++) {
-    DTL_TRY(dtl_barrier(c));
-    int64_t t0 = dtl__sweep_now_ns();
-    DTL_TRY(dtl__sweep_call(c, k, t, a, b, bytes));
-    ts[r] = dtl__sweep_now_ns() - t0;
-  }
-  DTL_TRY(dtl__comm_max_i64(c, ts, DTL__SWEEP_REPS));
-  qsort(ts, DTL__SWEEP_REPS, sizeof *ts, dtl__sweep_cmp);
-  *out = ts[1];
-  return DTL_OK;
+typedef struct {
+  dtl__coll k;
+  dtl_dtype t;
+  void *a, *b;
+  size_t bytes;
+} dtl__sweep_arg;
+
+static dtl_status dtl__sweep_fn(dtl_comm *c, void *arg) {
+  dtl__sweep_arg *x = arg;
+  return dtl__sweep_call(c, x->k, x->t, x->a, x->b, x->bytes);
 }
 
 /* Drops t's rows of coll for class cls (a row for both keeps the other class) and appends the measured ones. */
@@ -100,13 +84,14 @@ dtl_status dtl_mpi_algorithm_calibrate(dtl_comm *c) {
       int best[DTL__SWEEP_SIZES];
       for (int s = 0; s < DTL__SWEEP_SIZES && st == DTL_OK; s++) {
         size_t call = dtl__sweep_bytes[s] / (4 * (size_t)c->size) * (4 * (size_t)c->size);
-        int64_t tbest = INT64_MAX;
+        double tbest = INFINITY;
         best[s] = -1;
         for (int alg = 0; alg < DTL__NALGOS && st == DTL_OK; alg++) {
           if (!dtl__algo_allowed(k, (dtl__algo)alg) || (exact && alg == DTL__ALGO_MPI)) continue;
           tab->forced[k] = (int8_t)alg;
-          int64_t t = 0;
-          st = dtl__sweep_time(c, k, exact ? DTL_FLOAT32 : DTL_INT32, a, b, call ? call : 4 * (size_t)c->size, &t);
+          dtl__sweep_arg x = {k, exact ? DTL_FLOAT32 : DTL_INT32, a, b, call ? call : 4 * (size_t)c->size};
+          double t = 0;
+          st = dtl__calib_time(c, dtl__sweep_fn, &x, &t);
           if (st == DTL_OK && t < tbest) tbest = t, best[s] = alg;
         }
       }

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include "comm/agree.h"
 #include "comm/profile.h"
 #include "common/quote.h"
@@ -216,5 +217,33 @@ dtl_status dtl__profile_write(const char *path, const char *fn, const char *engi
   if (fclose(f) != 0) bad = true;
   if (bad)
     return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "path=\"%s\": write error", dtl__quote(path, qp, sizeof qp));
+  return DTL_OK;
+}
+
+static int64_t dtl__calib_now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static int dtl__cmp_i64(const void *a, const void *b) {
+  int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+  return (x > y) - (x < y);
+}
+
+#define DTL__CALIB_REPS 5
+dtl_status dtl__calib_time(dtl_comm *c, dtl_status (*fn)(dtl_comm *c, void *arg), void *arg, double *seconds) {
+  int64_t t[DTL__CALIB_REPS];
+  DTL_TRY(fn(c, arg)); /* warm-up: connections, workspace */
+  for (int r = 0; r < DTL__CALIB_REPS; r++) {
+    DTL_TRY(dtl_barrier(c));
+    int64_t t0 = dtl__calib_now_ns();
+    DTL_TRY(fn(c, arg));
+    DTL_TRY(c->ops->synchronize(c));
+    t[r] = dtl__calib_now_ns() - t0;
+  }
+  DTL_TRY(dtl__comm_max_i64(c, t, DTL__CALIB_REPS));
+  qsort(t, DTL__CALIB_REPS, sizeof *t, dtl__cmp_i64);
+  *seconds = (double)t[1] * 1e-9;
   return DTL_OK;
 }

@@ -33,6 +33,12 @@ dtl_status dtl__profile_check(const dtl__profile *p, const char *fn, const char 
  * rows of table (NULL: none), with a comment header (comment: one line of free text, or NULL). */
 dtl_status dtl__profile_write(const char *path, const char *fn, const char *engine, int ranks, const char *cost_text,
                               const dtl__algo_table *table, const char *comment);
+/* A calibration's measurement of fn on c (collective over c): one warm-up call, then 5 timed calls between
+ * barriers (each waiting for the engine's queued work), the slowest rank's time of each, and the second fastest of
+ * those in seconds, the same on every rank. The second fastest: load on a shared machine only ever adds time, and a
+ * phase of it during a short sweep would otherwise be taken for the machine's speed. */
+dtl_status dtl__calib_time(dtl_comm *c, dtl_status (*fn)(dtl_comm *c, void *arg), void *arg, double *seconds);
+
 /* The algorithm table of an MPI communicator; NULL for another transport (mpi.c). */
 const dtl__algo_table *dtl__mpi_table(const dtl_comm *c);
 

@@ -6,7 +6,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include "comm/agree.h"
 #include "comm/profile.h"
 #include "redistribute/cost.h"
@@ -45,21 +44,6 @@ static int dtl__calib_node_leader(const dtl_comm *c, int r) {
   return r;
 }
 
-static int64_t dtl__calib_now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
-static int dtl__cmp_i64(const void *a, const void *b) {
-  int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-  return (x > y) - (x < y);
-}
-
-#define DTL__CALIB_REPS 5
-/* Which of the sorted times a measurement keeps: the second fastest. Load on a shared machine only ever adds time,
- * and a phase of it during the short sweep would otherwise be fitted as the machine's latency. */
-#define DTL__CALIB_PICK 1
 #define DTL__CALIB_SIZES 4
 /* Global bytes of the tensor at each size: from latency-bound to beyond the caches, where the bandwidth of large
  * redistributions is set. */
@@ -74,24 +58,6 @@ static const char *const dtl__calib_to[DTL__CALIB_CASES] = {"R", "R", "R", "S0",
 static int64_t dtl__calib_side(size_t bytes, int p) {
   int64_t n = (int64_t)llround(sqrt((double)bytes / 4.0) / p) * p;
   return n < p ? p : n;
-}
-
-/* The second fastest over reps of the slowest rank's time of fn, in seconds (every rank gets the same figure). */
-typedef dtl_status (*dtl__calib_fn)(dtl_comm *g, void *arg);
-static dtl_status dtl__calib_time(dtl_comm *g, dtl__calib_fn fn, void *arg, double *out) {
-  int64_t t[DTL__CALIB_REPS];
-  DTL_TRY(fn(g, arg)); /* warm-up: connections, workspace */
-  for (int r = 0; r < DTL__CALIB_REPS; r++) {
-    DTL_TRY(dtl_barrier(g));
-    int64_t t0 = dtl__calib_now_ns();
-    DTL_TRY(fn(g, arg));
-    DTL_TRY(g->ops->synchronize(g));
-    t[r] = dtl__calib_now_ns() - t0;
-  }
-  DTL_TRY(dtl__comm_max_i64(g, t, DTL__CALIB_REPS));
-  qsort(t, DTL__CALIB_REPS, sizeof *t, dtl__cmp_i64);
-  *out = (double)t[DTL__CALIB_PICK] * 1e-9;
-  return DTL_OK;
 }
 
 typedef struct {

@@ -13,8 +13,15 @@
  * Targets (issue 3): ratio <= 1.05 where the shard is contiguous (S0->R, P->R, P->S0), <= 1.25 for S1->R and
  * S0->S1 from 1 MiB; cached-plan overhead < 1 us. S1->R and S0->S1 pay one local pass over the shard (unpack
  * or pack), on one node the same cost class as the shared-memory transfer itself.
+ * The cost model's prediction: each case prints dtl_plan_cost of the plan dtl_redistribute runs beside the measured
+ * time, and the end the median of |predicted - measured| / measured (target, calibrated: <= 25%). The model is the
+ * one plans resolve (DTL_PROFILE, DTL_PLAN_TUNE), or with -k one dtl_cost_model_calibrate measures first (passed
+ * to every plan through DTL_PLAN_TUNE). -r times every route the planner considered for each case (the plans that
+ * other cost models choose: latency only, bandwidth only, costly local copies; and the smaller scratch limit),
+ * each by dtl_plan_execute, and reports the chosen plan's time against the fastest (target: within 10%).
  * Options (nccl-tests style): -b min bytes, -e max bytes, -f factor (K/M/G suffixes), -n rounds, -w warmup;
- * -c CASE runs one case only (e.g. -c S1-\>R; -c check: only the overhead and DTL_CHECK lines). */
+ * -c CASE runs one case only (e.g. -c S1-\>R; -c check: only the overhead and DTL_CHECK lines); -k calibrate
+ * first; -r time the routes; -s skip the overhead and DTL_CHECK lines. */
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -116,6 +123,90 @@ static dtl_placement parse1(const char *t) {
   int n;
   dtl_placements_parse(t, &p, 1, &n);
   return p;
+}
+
+/* The slowest rank's time of one dtl_plan_execute of plan. */
+static double plan_time(const dtl_plan *plan, bench_buf *b, MPI_Comm comm) {
+  MPI_Barrier(comm);
+  double t0 = MPI_Wtime();
+  dtl_plan_execute(plan, b->in, b->out);
+  double t = MPI_Wtime() - t0, tmax;
+  MPI_Allreduce(&t, &tmax, 1, MPI_DOUBLE, MPI_MAX, comm);
+  return tmax;
+}
+
+/* "all-gather" or "reduce-scatter+local-slice": the step kinds of explain's lines ("step N  [mesh dim M]  kind"). */
+static void route_name(const dtl_plan *p, char *out, size_t cap) {
+  size_t need = dtl_plan_explain_needed(p), o = 0;
+  char *text = malloc(need);
+  out[0] = '\0';
+  if (!text || dtl_plan_explain(p, text, need) != DTL_OK) {
+    free(text);
+    return;
+  }
+  for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+    char w[6][48];
+    int n = sscanf(line, "%47s %47s %47s %47s %47s %47s", w[0], w[1], w[2], w[3], w[4], w[5]);
+    if (n < 3 || strcmp(w[0], "step")) continue;
+    const char *kind = n >= 6 && !strcmp(w[2], "mesh") ? w[5] : w[2];
+    o += (size_t)snprintf(out + o, o < cap ? cap - o : 0, "%s%s", o ? "+" : "", kind);
+    if (o >= cap) break;
+  }
+  free(text);
+}
+
+/* Every route the planner considered for src -> dst: the plan of each cost model that favours another trade-off,
+ * and the plan under half the chosen plan's scratch; each distinct one timed. Returns chosen / fastest. */
+static double time_routes(const char *cname, size_t bytes, bench_buf *b, MPI_Comm comm, int iters) {
+  dtl_plan *cand[8];
+  const char *why[8];
+  int nc = 0;
+  if (dtl_plan_create(b->src, b->dst, &cand[nc]) != DTL_OK) return NAN;
+  why[nc++] = "chosen";
+  static const struct {
+    const char *why;
+    dtl_cost_model m;
+  } alt[] = {
+      {"latency only", {.mask = DTL_COST_BETA | DTL_COST_INTER_BETA | DTL_COST_LOCAL_BETA}},
+      {"bandwidth only", {.mask = DTL_COST_ALPHA | DTL_COST_INTER_ALPHA}},
+      {"costly copies", {.mask = DTL_COST_LOCAL_BETA, .local_beta_s_per_byte = 1e-6}},
+      {"costly links", {.mask = DTL_COST_BETA | DTL_COST_INTER_BETA, .beta_s_per_byte = 1e-6, .inter_beta_s_per_byte = 1e-6}},
+  };
+  for (size_t k = 0; k < sizeof alt / sizeof *alt; k++)
+    if (dtl_plan_create_with_cost(b->src, b->dst, &alt[k].m, &cand[nc]) == DTL_OK) why[nc++] = alt[k].why;
+  size_t sc = dtl_plan_scratch_bytes(cand[0]);
+  if (sc > 0 && dtl_plan_create_with_limit(b->src, b->dst, sc / 2, &cand[nc]) == DTL_OK) why[nc++] = "half scratch";
+  int uniq[8], nu = 0;
+  for (int i = 0; i < nc; i++) {
+    uint64_t si, ri, sj, rj;
+    dtl_plan_bytes(cand[i], &si, &ri);
+    bool dup = false;
+    for (int u = 0; u < nu && !dup; u++) {
+      const dtl_plan *o = cand[uniq[u]];
+      dtl_plan_bytes(o, &sj, &rj);
+      dup = dtl_plan_num_steps(cand[i]) == dtl_plan_num_steps(o) &&
+            dtl_plan_num_collectives(cand[i]) == dtl_plan_num_collectives(o) && si == sj && ri == rj &&
+            dtl_plan_scratch_bytes(cand[i]) == dtl_plan_scratch_bytes(o);
+    }
+    if (!dup) uniq[nu++] = i;
+  }
+  /* Rounds interleave the routes, so that load coming and going on a shared machine falls on all of them. */
+  double *t = malloc(sizeof(double) * (size_t)(nu * iters));
+  for (int u = 0; u < nu; u++) dtl_plan_execute(cand[uniq[u]], b->in, b->out); /* warm-up: workspaces */
+  for (int r = 0; r < iters; r++)
+    for (int u = 0; u < nu; u++) t[u * iters + r] = plan_time(cand[uniq[u]], b, comm);
+  double chosen = NAN, best = INFINITY;
+  for (int u = 0; u < nu; u++) {
+    double m = median(t + u * iters, iters);
+    if (u == 0) chosen = m;
+    if (m < best) best = m;
+    char name[128];
+    route_name(cand[uniq[u]], name, sizeof name);
+    if (rank == 0) printf("#   route %-7s %10zu  %-34s %-15s %12.1f us\n", cname, bytes, name, why[uniq[u]], m * 1e6);
+  }
+  free(t);
+  for (int i = 0; i < nc; i++) dtl_plan_destroy(cand[i]);
+  return chosen / best;
 }
 
 /* Per-call time (best of 5 rounds) of dtl_redistribute and of dtl_plan_execute on the same prebuilt plan from
@@ -278,9 +369,9 @@ int main(int argc, char **argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &nranks);
   size_t minb = 1024, maxb = 64u << 20, factor = 4;
-  int iters = 20, warmup = 3, opt;
+  int iters = 20, warmup = 3, opt, calibrate = 0, routes = 0, skip = 0;
   const char *only = NULL;
-  while ((opt = getopt(argc, argv, "b:e:f:n:w:c:")) != -1) {
+  while ((opt = getopt(argc, argv, "b:e:f:n:w:c:krs")) != -1) {
     switch (opt) {
       case 'b': minb = parse_size(optarg); break;
       case 'e': maxb = parse_size(optarg); break;
@@ -288,8 +379,13 @@ int main(int argc, char **argv) {
       case 'n': iters = atoi(optarg); break;
       case 'w': warmup = atoi(optarg); break;
       case 'c': only = optarg; break;
+      case 'k': calibrate = 1; break;
+      case 'r': routes = 1; break;
+      case 's': skip = 1; break;
       default:
-        if (rank == 0) fprintf(stderr, "usage: dtl_redistribute_perf [-b min] [-e max] [-f factor] [-n rounds] [-w warmup] [-c case]\n");
+        if (rank == 0)
+          fprintf(stderr, "usage: dtl_redistribute_perf [-b min] [-e max] [-f factor] [-n rounds] [-w warmup] [-c case] "
+                          "[-k] [-r] [-s]\n");
         MPI_Finalize();
         return 2;
     }
@@ -307,15 +403,35 @@ int main(int argc, char **argv) {
     return 1;
   }
   MPI_Comm mc = dtl_comm_mpi_handle(dtl_mesh_dim_comm(mesh, 0));
+  if (calibrate) { /* every rank gets the same model: every plan prices with it through DTL_PLAN_TUNE */
+    dtl_cost_model m;
+    double t0 = MPI_Wtime();
+    if (dtl_cost_model_calibrate(mesh, &m) != DTL_OK) {
+      fprintf(stderr, "dtl_redistribute_perf: %s\n", dtl_last_error());
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    char tune[320];
+    snprintf(tune, sizeof tune, "alpha=%.17g,beta=%.17g,local_beta=%.17g,inter_alpha=%.17g,inter_beta=%.17g", m.alpha_s,
+             m.beta_s_per_byte, m.local_beta_s_per_byte, m.inter_alpha_s, m.inter_beta_s_per_byte);
+    setenv("DTL_PLAN_TUNE", tune, 1);
+    if (rank == 0)
+      printf("# calibrated in %.2f s: alpha %.3g s, beta %.3g s/B (%.2f GB/s), local_beta %.3g s/B (%.2f GB/s)\n",
+             MPI_Wtime() - t0, m.alpha_s, m.beta_s_per_byte, 1e-9 / m.beta_s_per_byte, m.local_beta_s_per_byte,
+             1e-9 / m.local_beta_s_per_byte);
+  }
+  double errs[64], quality[64];
+  int nerr = 0, nq = 0;
   double *td = malloc(sizeof(double) * (size_t)iters), *tr = malloc(sizeof(double) * (size_t)iters);
   double *tq = malloc(sizeof(double) * (size_t)iters);
   if (rank == 0)
     printf("# dtl_redistribute vs the raw MPI collective on a 1-D mesh of %d ranks: square f32 tensor, size = global "
            "bytes;\n# %d interleaved rounds after %d warmup, slowest rank per round; times: medians; ratio: median of the "
            "per-round dtl/raw\n"
-           "# %-7s %10s %10s %5s %12s %9s %9s %12s %7s %7s  %s\n",
-           nranks, iters, warmup, "case", "size", "count", "type", "dtl time us", "algbw", "busbw", "raw time us",
-           "ratio", "#wrong", "raw call");
+           "# pred us: dtl_plan_cost of the plan (cost model: %s); pred/meas: it over the dtl time\n"
+           "# %-7s %10s %10s %5s %12s %9s %9s %12s %7s %7s %10s %9s  %s\n",
+           nranks, iters, warmup, calibrate ? "calibrated (-k)" : getenv("DTL_PROFILE") ? "DTL_PROFILE" : "defaults",
+           "case", "size", "count", "type", "dtl time us", "algbw", "busbw", "raw time us", "ratio", "#wrong", "pred us",
+           "pred/meas", "raw call");
   int failed = 0;
   for (size_t bytes = minb; bytes <= maxb; bytes *= factor) {
     int64_t n = (int64_t)llround(sqrt((double)bytes / 4.0) / nranks) * nranks;
@@ -353,9 +469,14 @@ int main(int argc, char **argv) {
       double md = median(td, iters), mr = median(tr, iters), ratio = median(tq, iters);
       double busf = c == C_P_R ? 2.0 * (nranks - 1) / nranks : (double)(nranks - 1) / nranks;
       double algbw = (double)real / md / 1e9;
+      dtl_plan *plan = NULL;
+      double pred = dtl_plan_create(b.src, b.dst, &plan) == DTL_OK ? dtl_plan_cost(plan) : NAN;
+      dtl_plan_destroy(plan);
+      if (nerr < 64) errs[nerr++] = fabs(pred - md) / md;
       if (rank == 0)
-        printf("  %-7s %10zu %10zu %5s %12.1f %9.3f %9.3f %12.1f %7.3f %7ld  %s\n", case_name[c], real, count, "f32",
-               md * 1e6, algbw, algbw * busf, mr * 1e6, ratio, total_wrong, raw_name[c]);
+        printf("  %-7s %10zu %10zu %5s %12.1f %9.3f %9.3f %12.1f %7.3f %7ld %10.1f %9.3f  %s\n", case_name[c], real, count,
+               "f32", md * 1e6, algbw, algbw * busf, mr * 1e6, ratio, total_wrong, pred * 1e6, pred / md, raw_name[c]);
+      if (routes && nq < 64) quality[nq++] = time_routes(case_name[c], real, &b, mc, iters);
       free(b.in);
       free(b.out);
       free(b.raw_in);
@@ -364,8 +485,20 @@ int main(int argc, char **argv) {
       dtl_layout_destroy(b.dst);
     }
   }
-  overhead(mesh);
-  check_cost();
+  if (rank == 0 && nerr) {
+    double e = median(errs, nerr);
+    printf("# cost model: median |predicted - measured| / measured over %d cases: %.1f%% (target <= 25%%)\n", nerr, e * 100);
+  }
+  if (rank == 0 && nq) {
+    double worst = 1;
+    for (int i = 0; i < nq; i++) worst = quality[i] > worst ? quality[i] : worst;
+    printf("# routes: the chosen plan's time over the fastest route's, worst of %d cases: %.3f, median %.3f (target <= 1.10)\n",
+           nq, worst, median(quality, nq));
+  }
+  if (!skip) {
+    overhead(mesh);
+    check_cost();
+  }
   free(td);
   free(tr);
   free(tq);

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The `dtl` command: explains redistribution plans, draws layouts and reports how the library was built,
- * all on abstract meshes, so it needs no MPI launch (it never calls MPI_Init). Uses the public API only,
+ * all on abstract meshes, so it needs no MPI launch; only `dtl calibrate`, which measures the machine, initializes MPI. Uses the public API only,
  * plus the message quoting of src/common/quote.c (compiled into the tool), so that no argument is echoed
  * to a terminal raw. dtl_tool_main is the whole command, callable from tests and the fuzz target. */
 #include <errno.h>
@@ -34,6 +34,10 @@ static const char usage[] =
     "  show  --mesh 2x2 --shape 8,8 [--dtype f32] [--ranks-per-node N] PLACEMENTS\n"
     "        draw which mesh coordinates hold which block of a 1-D or 2-D tensor (and the nodes)\n"
     "  info  version, backends built, default cost models, environment variables read\n"
+    "  calibrate [--out FILE]\n"
+    "        run under mpirun (e.g. mpirun -n 4 dtl calibrate --out dtl.profile): time the MPI\n"
+    "        algorithms and measure the cost model on all ranks (a second or two), print them, and\n"
+    "        write them as a profile for DTL_PROFILE (rank 0 writes; default file dtl.profile)\n"
     "  help  this text (also --help, -h)\n"
     "\n"
     "placements: one per mesh dim, comma-separated: R, S(d) or Sd (d may be negative), P or P(op)\n"
@@ -300,17 +304,20 @@ static int cmd_info(int argc, char **argv) {
   print_env("DTL_RANKS_PER_NODE", "n: simulate nodes of n consecutive ranks (of MPI_COMM_WORLD; NCCL: of the "
                                   "communicator) instead of detecting shared-memory nodes; read when a communicator "
                                   "is made");
+  print_env("DTL_PROFILE", "calibration profile (dtl calibrate): its cost line applies before DTL_PLAN_TUNE, its table "
+                           "rows replace the MPI algorithm table unless DTL_ALGO_TABLE is set; read when a communicator "
+                           "is made and when a plan is created");
   print_env("DTL_PLAN_TUNE", "override the planner's cost model, e.g. alpha=2e-6,beta=2e-10,local_beta=1e-10 "
                              "(also inter_alpha, inter_beta: the link class between nodes)");
-  /* Whether DTL_PLAN_TUNE parses: plan something trivial with it. */
-  if (getenv("DTL_PLAN_TUNE")) {
+  /* Whether DTL_PROFILE and DTL_PLAN_TUNE parse: plan something trivial with them. */
+  if (getenv("DTL_PLAN_TUNE") || getenv("DTL_PROFILE")) {
     dtl_mesh *m = NULL;
     dtl_layout *l = NULL;
     dtl_plan *p = NULL;
     dtl_status st = dtl_mesh_create_abstract(1, (int[]){1}, NULL, &m);
     if (st == DTL_OK) st = dtl_layout_create(m, DTL_FLOAT32, 1, (int64_t[]){1}, (dtl_placement[]){dtl_replicate()}, &l);
     if (st == DTL_OK) st = dtl_plan_create(l, l, &p);
-    if (st != DTL_OK) fprintf(out, "  warning: DTL_PLAN_TUNE is invalid, plans will fail: %s\n", dtl_last_error());
+    if (st != DTL_OK) fprintf(out, "  warning: DTL_PROFILE or DTL_PLAN_TUNE is invalid, plans will fail: %s\n", dtl_last_error());
     dtl_plan_destroy(p);
     dtl_layout_destroy(l);
     dtl_mesh_destroy(m);
@@ -328,6 +335,50 @@ static int cmd_info(int argc, char **argv) {
   }
   free(table);
   return 0;
+}
+
+/* dtl calibrate: the one command that initializes MPI (once its arguments parse), over MPI_COMM_WORLD. */
+static int cmd_calibrate(int argc, char **argv) {
+  const char *path = "dtl.profile";
+  for (int i = 0; i < argc; i++) {
+    if (!strcmp(argv[i], "--out") && i + 1 < argc && argv[i + 1][0]) path = argv[++i];
+    else if (!strcmp(argv[i], "--out")) return bad_args("calibrate", "--out needs a file name");
+    else return bad_args("calibrate", "unknown option \"%s\" (expected --out FILE)", q(argv[i]));
+  }
+  int init = 0, rc = 1;
+  MPI_Initialized(&init);
+  if (!init && MPI_Init(NULL, NULL) != MPI_SUCCESS) {
+    fprintf(err, "dtl calibrate: MPI_Init failed\n");
+    return 1;
+  }
+  dtl_comm *c = NULL;
+  dtl_mesh *m = NULL;
+  dtl_cost_model model;
+  dtl_status st = dtl_comm_from_mpi(MPI_COMM_WORLD, &c);
+  int size = dtl_comm_size(c), rank = dtl_comm_rank(c);
+  if (st == DTL_OK) st = dtl_mpi_algorithm_calibrate(c); /* first: the mesh's communicators inherit the table */
+  if (st == DTL_OK) st = dtl_mesh_create(c, 1, &size, &m);
+  if (st == DTL_OK) st = dtl_cost_model_calibrate(m, &model);
+  if (st == DTL_OK && rank == 0) st = dtl_cost_model_save(path, m, &model);
+  if (st != DTL_OK) rc = failed("calibrate", st);
+  else if (rank == 0) {
+    fprintf(out, "calibrated on %d ranks (%s):\n  alpha %.3g s  beta %.3g s/B (%.3g GB/s)  local_beta %.3g s/B (%.3g GB/s)\n"
+            "  inter_alpha %.3g s  inter_beta %.3g s/B\n", size, dtl_comm_backend_name(c), model.alpha_s,
+            model.beta_s_per_byte, 1e-9 / model.beta_s_per_byte, model.local_beta_s_per_byte,
+            1e-9 / model.local_beta_s_per_byte, model.inter_alpha_s, model.inter_beta_s_per_byte);
+    FILE *f = fopen(path, "r");
+    char line[256];
+    fprintf(out, "profile %s:\n", q(path));
+    while (f && fgets(line, sizeof line, f)) fprintf(out, "  %s", line);
+    if (f) fclose(f);
+    rc = 0;
+  } else {
+    rc = 0;
+  }
+  dtl_mesh_destroy(m);
+  dtl_comm_destroy(c);
+  if (!init) MPI_Finalize();
+  return rc;
 }
 
 int dtl_tool_main(int argc, char **argv, FILE *out_stream, FILE *err_stream) {
@@ -350,5 +401,6 @@ int dtl_tool_main(int argc, char **argv, FILE *out_stream, FILE *err_stream) {
   if (!strcmp(c, "plan")) return cmd_plan(argc - 2, argv + 2);
   if (!strcmp(c, "show")) return cmd_show(argc - 2, argv + 2);
   if (!strcmp(c, "info")) return cmd_info(argc - 2, argv + 2);
-  return bad_args(NULL, "unknown command \"%s\" (expected plan, show, info or help)", q(c));
+  if (!strcmp(c, "calibrate")) return cmd_calibrate(argc - 2, argv + 2);
+  return bad_args(NULL, "unknown command \"%s\" (expected plan, show, info, calibrate or help)", q(c));
 }

@@ -25,9 +25,10 @@ DTL_API MPI_Comm dtl_comm_mpi_handle(const dtl_comm *c);
 /* Algorithms. All-reduce, reduce-scatter(v), all-gather(v), all-to-all(v) and reduce run either the MPI call
  * or one of dtl's own algorithms, chosen per call from a table by collective, number of ranks and call size
  * (README, "Collective algorithms"). The table is read when the communicator is made (a split keeps its
- * parent's): the built-in one, or the file named by DTL_ALGO_TABLE; DTL_ALGO=coll:algo,... forces one
- * algorithm per collective. Every rank must run with the same; dtl_comm_from_mpi fails on every rank when a
- * rank cannot read them or reads another.
+ * parent's): the built-in one, or the rows of the profile DTL_PROFILE names (README, Calibration), or the file
+ * named by DTL_ALGO_TABLE (which wins over the profile's rows); DTL_ALGO=coll:algo,... forces one algorithm per
+ * collective. Every rank must run with the same; dtl_comm_from_mpi fails on every rank when a rank cannot read
+ * them or reads another, and with DTL_ERR_MISMATCH when the profile was recorded on another number of ranks.
  *
  * Reproducible reductions: for floating SUM, PROD and AVG, every dtl algorithm folds the ranks' contributions
  * in rank order, ((x0 + x1) + x2) + ... (f16/bf16: each step in f32, rounded back), so a result is bitwise the
@@ -43,6 +44,13 @@ DTL_API const char *dtl_comm_mpi_last_algorithm(const dtl_comm *c);
  * 0) and the whole length in *len (may be NULL). DTL_ERR_INVALID_ARGUMENT when DTL_ALGO or DTL_ALGO_TABLE is
  * malformed, naming the entry. */
 DTL_API dtl_status dtl_mpi_algorithm_table(char *buf, size_t cap, size_t *len);
+/* Measures the algorithms of all-reduce, reduce-scatter, all-gather and all-to-all on c (collective over c; about
+ * a second on 4 ranks): each algorithm at calls of 4 KiB, 64 KiB and 1 MiB (class any with int32 sums, class exact
+ * with f32 sums where c has 3 or more ranks), the second fastest of 5 runs of the slowest rank, and replaces those
+ * collectives' rows of c's table by the fastest per size (rows from 0, 16K and 256K), the same on every rank;
+ * the other rows and DTL_ALGO's forced choices stay. Communicators split from c afterwards inherit the table, and
+ * dtl_cost_model_save writes it into a profile. A communicator of another transport is DTL_ERR_INVALID_ARGUMENT. */
+DTL_API dtl_status dtl_mpi_algorithm_calibrate(dtl_comm *c);
 
 #ifdef __cplusplus
 }

@@ -40,10 +40,27 @@ typedef struct {
 /* The built-in model of an engine, every mask bit set (flags 0): DTL_MEMORY_HOST is MPI (alpha 2 us, beta
  * 1/(5 GB/s), local beta 1/(10 GB/s)), DTL_MEMORY_DEVICE is NCCL (alpha 10 us, beta 1/(100 GB/s), local beta
  * 1/(1 TB/s)).
- * A plan starts from the model of its mesh's engine (abstract meshes: MPI), then applies the environment
- * variable DTL_PLAN_TUNE="alpha=2e-6,beta=2e-10,local_beta=1e-10" (any subset; malformed text makes plan
+ * A plan starts from the model of its mesh's engine (abstract meshes: MPI), then applies the cost line of the
+ * profile the environment variable DTL_PROFILE names (README, Calibration: a malformed profile, or one of another
+ * engine, makes plan creation fail), then the environment variable DTL_PLAN_TUNE="alpha=2e-6,beta=2e-10,local_beta=1e-10" (any subset; malformed text makes plan
  * creation fail with DTL_ERR_INVALID_ARGUMENT), then the fields given to dtl_plan_create_with_cost. */
 DTL_API dtl_status dtl_cost_model_default(dtl_memory memory, dtl_cost_model *out);
+
+/* Calibration (README, Calibration). Measures the model on the ranks of mesh, collective over them (every rank of
+ * the mesh calls it; an abstract mesh, or a rank outside the mesh, is DTL_ERR_INVALID_ARGUMENT; a bad argument on
+ * one rank fails every rank): local_beta from a 4 MiB copy in the communicator's memory; alpha and beta as the
+ * least-squares fit, in relative error, of the planner's own prices of the plans S0->R, S1->R, P->R, P->S0 and
+ * S0->S1 of an f32 matrix of 4 KiB to 4 MiB on a 1-D mesh over the mesh's ranks to their measured times (each the
+ * second fastest of 5 runs of the slowest rank); with no link (one rank) alpha is a call's overhead and beta the copy's.
+ * The inter-node fields take the figures of the links between the nodes' first ranks when the ranks span several
+ * nodes, else the intra-node ones. About half a second on 4 ranks of one node. Every rank gets the same model,
+ * bit for bit (every mask bit set), so every rank derives the same plans; a failure leaves *out untouched. */
+DTL_API dtl_status dtl_cost_model_calibrate(const dtl_mesh *mesh, dtl_cost_model *out);
+/* Writes a profile for DTL_PROFILE to path (this rank alone: call it on one rank): the engine and size of the
+ * communicator of mesh (abstract: DTL_ERR_INVALID_ARGUMENT), model (fields whose mask bit is clear: as a plan on
+ * mesh would resolve them) and, on MPI, the communicator's algorithm table. A file that cannot be written is
+ * DTL_ERR_INVALID_ARGUMENT naming it. */
+DTL_API dtl_status dtl_cost_model_save(const char *path, const dtl_mesh *mesh, const dtl_cost_model *model);
 
 /* Finds the cheapest sequence of steps. Each per-dim step changes one mesh dim: S(i)->R all-gather, P->R
  * all-reduce, P->S(i) reduce-scatter, S(i)->S(j) all-to-all, R->S(i) local slice, R->P local. The exchange step

@@ -11,6 +11,7 @@
 #include <string.h>
 #include "comm/agree.h"
 #include "comm/mpi_algo.h"
+#include "comm/profile.h"
 #include "common/half.h"
 #include "dtl/mpi.h"
 
@@ -1110,9 +1111,14 @@ static dtl_status dtl__comm_wrap_mpi(MPI_Comm dup, const dtl__mpi *parent, dtl_c
   m->tag_span = (flag && tag_ub ? *tag_ub : 32767) - DTL__TAG_ASYNC + 1; /* MPI promises a bound >= 32767 */
   m->limit = parent ? parent->limit : (size_t)INT_MAX;
   dtl_status st = DTL_OK;
-  /* A new communicator reads the table from the environment; dtl_comm_from_mpi agrees on it (with its verdict). */
+  /* A new communicator reads the table from the environment (and a profile's, which must have been recorded on
+   * this many ranks of this engine); dtl_comm_from_mpi agrees on it (with its verdict). A split keeps its parent's. */
   if (parent) m->table = parent->table;
-  else st = dtl__algo_table_from_env(&m->table, "dtl_comm_from_mpi");
+  else {
+    dtl__profile prof;
+    st = dtl__algo_table_from_env(&m->table, "dtl_comm_from_mpi", &prof);
+    if (st == DTL_OK && prof.engine[0]) st = dtl__profile_check(&prof, "dtl_comm_from_mpi", "mpi", size);
+  }
   /* One block: xfers and offs (2 x size each), reqs (4 x size), counts (4 x size ints). */
   size_t p = (size_t)size;
   if (st == DTL_OK &&
@@ -1180,8 +1186,8 @@ dtl_status dtl_comm_from_mpi(MPI_Comm comm, dtl_comm **out) {
   if (st != DTL_OK) return st;
   if (rc != MPI_SUCCESS) return dtl__mpi_error("dtl_comm_from_mpi", rc);
   if (v[0] == 0)
-    return dtl__error(DTL_ERR_MISMATCH, "dtl_comm_from_mpi: DTL_ALGO, DTL_ALGO_TABLE or DTL_RANKS_PER_NODE differs "
-                      "between the ranks (every rank must choose its algorithms and nodes alike)");
+    return dtl__error(DTL_ERR_MISMATCH, "dtl_comm_from_mpi: DTL_ALGO, DTL_ALGO_TABLE, DTL_PROFILE or DTL_RANKS_PER_NODE "
+                      "differs between the ranks (every rank must choose its algorithms and nodes alike)");
   dtl_status theirs = (dtl_status)((v[0] >> 32) - 1);
   return dtl__error(theirs, "dtl_comm_from_mpi: rank %d failed (%s; its dtl_last_error says why), so no rank went on",
                     size - (int)(v[0] & 0xffffffff), dtl_status_name(theirs));
@@ -1198,11 +1204,17 @@ const char *dtl_comm_mpi_last_algorithm(const dtl_comm *c) {
   return m->last_text;
 }
 
+const dtl__algo_table *dtl__mpi_table(const dtl_comm *c) {
+  return c && c->ops == &dtl__mpi_ops ? &dtl__mpi_of(c)->table : NULL;
+}
+
+dtl__algo_table *dtl__mpi_table_of(dtl_comm *c) { return c && c->ops == &dtl__mpi_ops ? &dtl__mpi_of(c)->table : NULL; }
+
 dtl_status dtl_mpi_algorithm_table(char *buf, size_t cap, size_t *len) {
   static const char fn[] = "dtl_mpi_algorithm_table";
   DTL_CHECK_ARG(buf != NULL || cap == 0, fn, "buf=NULL with cap=%zu", cap);
   dtl__algo_table t;
-  DTL_TRY(dtl__algo_table_from_env(&t, fn));
+  DTL_TRY(dtl__algo_table_from_env(&t, fn, NULL));
   size_t n = dtl__algo_table_render(&t, buf, cap);
   if (len) *len = n;
   return DTL_OK;

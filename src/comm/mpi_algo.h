@@ -59,14 +59,22 @@ typedef struct {
 const char *dtl__coll_name(dtl__coll k);
 const char *dtl__algo_name(dtl__algo a);
 
+/* Whether a is one of coll's algorithms. */
+bool dtl__algo_allowed(dtl__coll coll, dtl__algo a);
+/* The table of an MPI communicator, which dtl_mpi_algorithm_calibrate replaces; NULL for another transport. */
+dtl__algo_table *dtl__mpi_table_of(dtl_comm *c);
+
 /* The built-in table. */
 void dtl__algo_table_default(dtl__algo_table *t);
 /* Replaces t's rows by the rows of text (the DTL_ALGO_TABLE format); source names the text in messages. */
 dtl_status dtl__algo_table_parse(dtl__algo_table *t, const char *text, const char *fn, const char *source);
 /* Applies DTL_ALGO text ("coll:algo,..."), naming the entry that is malformed. */
 dtl_status dtl__algo_force_parse(dtl__algo_table *t, const char *text, const char *fn);
-/* The table of a communicator made now: the defaults, or the file DTL_ALGO_TABLE names, then DTL_ALGO. */
-dtl_status dtl__algo_table_from_env(dtl__algo_table *t, const char *fn);
+/* The table of a communicator made now: the defaults, or the rows of the profile DTL_PROFILE names, or the file
+ * DTL_ALGO_TABLE names (which wins over the profile's), then DTL_ALGO; the profile's fingerprint joins the table's.
+ * prof (may be NULL) receives the profile, its engine "" when DTL_PROFILE is unset. */
+struct dtl__profile;
+dtl_status dtl__algo_table_from_env(dtl__algo_table *t, const char *fn, struct dtl__profile *prof);
 /* t in the DTL_ALGO_TABLE format, with comments listing the algorithms; returns the length it needs
  * (snprintf-like). */
 size_t dtl__algo_table_render(const dtl__algo_table *t, char *buf, size_t cap);

@@ -31,6 +31,8 @@
 #include <string.h>
 #include "comm/agree.h"
 #include "comm/mpi_algo.h"
+#include "comm/profile.h"
+#include "common/quote.h"
 
 static const char *const coll_names[DTL__NCOLLS] = {"all_reduce", "reduce_scatter", "all_gather",
                                                     "all_to_all", "all_to_allv",    "reduce"};
@@ -54,6 +56,8 @@ static const struct {
 /* Algorithms that need transfers after a local step (so not one nonblocking start). */
 static const unsigned multi_phase = A(RS_AG) | A(RING) | A(RS_GATHER) | A(CHAIN);
 #undef A
+
+bool dtl__algo_allowed(dtl__coll coll, dtl__algo a) { return coll < DTL__NCOLLS && (colls[coll].algos >> a & 1u); }
 
 const char *dtl__coll_name(dtl__coll k) { return k < DTL__NCOLLS ? coll_names[k] : "?"; }
 const char *dtl__algo_name(dtl__algo a) { return a < DTL__NALGOS ? algo_names[a] : "?"; }
@@ -253,51 +257,29 @@ dtl_status dtl__algo_force_parse(dtl__algo_table *t, const char *text, const cha
   return DTL_OK;
 }
 
-/* The whole of a small text file, NUL-terminated. */
-static dtl_status dtl__read_text(const char *path, const char *fn, char **out) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "DTL_ALGO_TABLE=\"%s\": %s", path, strerror(errno));
-  size_t cap = 4096, n = 0;
-  char *buf = dtl__malloc(cap);
-  while (buf) {
-    n += fread(buf + n, 1, cap - 1 - n, f);
-    if (n < cap - 1) break;
-    char *nb = cap < (1u << 20) ? dtl__realloc(buf, cap * 2) : NULL;
-    if (!nb) {
-      dtl__free(buf);
-      fclose(f);
-      return cap < (1u << 20) ? dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory")
-                              : dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "DTL_ALGO_TABLE=\"%s\": over 1 MiB", path);
-    }
-    buf = nb;
-    cap *= 2;
-  }
-  bool err = buf && ferror(f);
-  fclose(f);
-  if (!buf) return dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory");
-  if (err) {
-    dtl__free(buf);
-    return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "DTL_ALGO_TABLE=\"%s\": read error", path);
-  }
-  buf[n] = '\0';
-  *out = buf;
-  return DTL_OK;
-}
-
-dtl_status dtl__algo_table_from_env(dtl__algo_table *t, const char *fn) {
-  dtl__algo_table_default(t);
+dtl_status dtl__algo_table_from_env(dtl__algo_table *t, const char *fn, struct dtl__profile *prof) {
+  dtl__profile pr;
+  memset(&pr, 0, sizeof pr);
+  bool has_prof = false;
+  DTL_TRY(dtl__profile_from_env(fn, &pr, &has_prof));
+  if (has_prof && pr.has_table) *t = pr.table;
+  else dtl__algo_table_default(t);
   const char *path = getenv("DTL_ALGO_TABLE");
   if (path && path[0]) {
-    char *text = NULL;
-    DTL_TRY(dtl__read_text(path, fn, &text));
-    char source[300];
-    snprintf(source, sizeof source, "DTL_ALGO_TABLE=\"%s\"", path);
+    char *text = NULL, source[300], qp[DTL__QUOTE_CAP];
+    DTL_TRY(dtl__read_text("DTL_ALGO_TABLE", path, fn, &text));
+    snprintf(source, sizeof source, "DTL_ALGO_TABLE=\"%s\"", dtl__quote(path, qp, sizeof qp));
     dtl_status st = dtl__algo_table_parse(t, text, fn, source);
     dtl__free(text);
     DTL_TRY(st);
   }
   const char *force = getenv("DTL_ALGO");
   if (force && force[0]) DTL_TRY(dtl__algo_force_parse(t, force, fn));
+  if (has_prof) t->fp = dtl__fp_mix(t->fp, pr.fp);
+  if (prof) {
+    if (!has_prof) pr.engine[0] = '\0';
+    *prof = pr;
+  }
   return DTL_OK;
 }
 

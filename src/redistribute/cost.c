@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <math.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "redistribute/cost.h"
@@ -53,6 +54,10 @@ static double *dtl__cost_field(dtl_cost_model *m, int k) { return (double *)((ch
 static bool dtl__cost_value_ok(double v) { return isfinite(v) && v >= 0; }
 
 dtl_status dtl__cost_parse_tune(const char *fn, const char *text, dtl_cost_model *inout) {
+  return dtl__cost_parse_text(fn, "DTL_PLAN_TUNE", text, inout);
+}
+
+dtl_status dtl__cost_parse_text(const char *fn, const char *source, const char *text, dtl_cost_model *inout) {
   static const char expected[] =
       "expected comma-separated key=value with keys alpha (s), beta (s/B), local_beta (s/B), inter_alpha (s), "
       "inter_beta (s/B), each at most once, values finite and >= 0, no blanks, e.g. \"alpha=2e-6,beta=2e-10,"
@@ -66,8 +71,8 @@ dtl_status dtl__cost_parse_tune(const char *fn, const char *text, dtl_cost_model
     size_t len = end ? (size_t)(end - p) : strlen(p);
     char entry[64];
     if (len == 0 || len >= sizeof entry)
-      return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "DTL_PLAN_TUNE=\"%s\": %s entry at offset %d (%s)",
-                           dtl__quote(text, qt, sizeof qt),
+      return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "%s=\"%s\": %s entry at offset %d (%s)",
+                           source, dtl__quote(text, qt, sizeof qt),
                            len ? "over-long" : "empty", (int)(p - text), expected);
     memcpy(entry, p, len);
     entry[len] = '\0';
@@ -80,26 +85,26 @@ dtl_status dtl__cost_parse_tune(const char *fn, const char *text, dtl_cost_model
       *eq = '=';
     }
     if (k < 0)
-      return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "DTL_PLAN_TUNE=\"%s\": entry \"%s\" has no known key (%s)",
-                           dtl__quote(text, qt, sizeof qt), dtl__quote(entry, qe, sizeof qe), expected);
+      return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "%s=\"%s\": entry \"%s\" has no known key (%s)",
+                           source, dtl__quote(text, qt, sizeof qt), dtl__quote(entry, qe, sizeof qe), expected);
     if (seen & dtl__cost_fields[k].bit)
-      return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "DTL_PLAN_TUNE=\"%s\": %s is given twice (%s)",
-                           dtl__quote(text, qt, sizeof qt), dtl__cost_fields[k].key, expected);
+      return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "%s=\"%s\": %s is given twice (%s)",
+                           source, dtl__quote(text, qt, sizeof qt), dtl__cost_fields[k].key, expected);
     const char *num = eq + 1;
     char *stop = NULL;
     errno = 0;
     double v = (*num && *num != ' ' && *num != '\t') ? strtod(num, &stop) : NAN;
     if (!stop || stop == num || *stop != '\0' || errno == ERANGE || !dtl__cost_value_ok(v))
-      return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "DTL_PLAN_TUNE=\"%s\": %s=\"%s\" is not a finite number >= 0 (%s)",
-                           dtl__quote(text, qt, sizeof qt), dtl__cost_fields[k].key, dtl__quote(num, qe, sizeof qe),
+      return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "%s=\"%s\": %s=\"%s\" is not a finite number >= 0 (%s)",
+                           source, dtl__quote(text, qt, sizeof qt), dtl__cost_fields[k].key, dtl__quote(num, qe, sizeof qe),
                            expected);
     seen |= dtl__cost_fields[k].bit;
     *dtl__cost_field(&m, k) = v;
     if (!end) break;
     p = end + 1;
     if (!*p)
-      return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "DTL_PLAN_TUNE=\"%s\": trailing comma (%s)",
-                           dtl__quote(text, qt, sizeof qt), expected);
+      return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "%s=\"%s\": trailing comma (%s)",
+                           source, dtl__quote(text, qt, sizeof qt), expected);
   }
   *inout = m;
   return DTL_OK;
@@ -108,6 +113,7 @@ dtl_status dtl__cost_parse_tune(const char *fn, const char *text, dtl_cost_model
 dtl_status dtl__cost_resolve(const char *fn, const dtl_mesh *mesh, const dtl_cost_model *over, dtl_cost_model *out) {
   dtl_memory mem = mesh->comm ? dtl_comm_memory(mesh->comm) : DTL_MEMORY_HOST;
   dtl_cost_model m = mem == DTL_MEMORY_DEVICE ? dtl__cost_nccl : dtl__cost_mpi;
+  DTL_TRY(dtl__cost_from_profile(fn, mesh, &m));
   const char *tune = getenv("DTL_PLAN_TUNE");
   if (tune) DTL_TRY(dtl__cost_parse_tune(fn, tune, &m));
   if (over) {
@@ -125,6 +131,14 @@ dtl_status dtl__cost_resolve(const char *fn, const dtl_mesh *mesh, const dtl_cos
   m.mask = DTL__COST_ALL;
   *out = m;
   return DTL_OK;
+}
+
+size_t dtl__cost_render(const dtl_cost_model *m, char *buf, size_t cap) {
+  size_t o = 0;
+  for (int k = 0; k < DTL__COST_NFIELDS; k++)
+    o += (size_t)snprintf(o < cap ? buf + o : NULL, o < cap ? cap - o : 0, "%s%s=%.17g", k ? "," : "",
+                          dtl__cost_fields[k].key, *dtl__cost_field((dtl_cost_model *)m, k));
+  return o;
 }
 
 /* --- volumes ---------------------------------------------------------------------------------------- */

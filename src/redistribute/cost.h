@@ -10,13 +10,22 @@
 
 #define DTL__COST_ALL (DTL_COST_ALPHA | DTL_COST_BETA | DTL_COST_LOCAL_BETA | DTL_COST_INTER_ALPHA | DTL_COST_INTER_BETA)
 
-/* The model a plan over m uses: the defaults of m's engine (abstract meshes: MPI), then the fields named in
- * the DTL_PLAN_TUNE environment variable, then the fields of over (may be NULL) whose mask bit is set.
+/* The model a plan over m uses: the defaults of m's engine (abstract meshes: MPI), then the fields of the
+ * DTL_PROFILE file's cost line, then those named in the DTL_PLAN_TUNE environment variable, then the fields of
+ * over (may be NULL) whose mask bit is set.
  * Explicit arguments win over the environment because they are the program's own decision. */
 dtl_status dtl__cost_resolve(const char *fn, const dtl_mesh *m, const dtl_cost_model *over, dtl_cost_model *out);
 /* Applies DTL_PLAN_TUNE text ("alpha=2e-6,beta=2e-10,local_beta=1e-10", any subset, any order, no blanks)
  * to *inout; malformed text is DTL_ERR_INVALID_ARGUMENT naming the bad entry, and *inout is untouched. */
 dtl_status dtl__cost_parse_tune(const char *fn, const char *text, dtl_cost_model *inout);
+/* The same for text from source (messages say source="text": ...), e.g. a profile's cost line. */
+dtl_status dtl__cost_parse_text(const char *fn, const char *source, const char *text, dtl_cost_model *inout);
+/* Every field of m in that format, exactly (%.17g), like snprintf (returns the length it needs). */
+size_t dtl__cost_render(const dtl_cost_model *m, char *buf, size_t cap);
+/* Applies the cost line of the profile DTL_PROFILE names (redistribute/calibrate.c): unset, nothing; a profile
+ * of another engine than m's (abstract meshes: mpi) is DTL_ERR_MISMATCH, a malformed one
+ * DTL_ERR_INVALID_ARGUMENT naming its path, line and text. */
+dtl_status dtl__cost_from_profile(const char *fn, const dtl_mesh *m, dtl_cost_model *inout);
 
 /* What one step moves on one rank, in bytes. */
 typedef struct {

@@ -11,7 +11,7 @@ dtl_unit_test(test_planner_limits SOURCES test_planner_limits.c)
 # request cannot be done, 2 bad arguments).
 function(dtl_tool_case name expect)
   add_test(NAME ${name} COMMAND sh -c "p=\"$1\"; shift; \"$p\" \"$@\" 2>&1; echo \"exit=$?\"" sh $<TARGET_FILE:dtl_tool> ${ARGN})
-  set_tests_properties(${name} PROPERTIES PASS_REGULAR_EXPRESSION "${expect}" LABELS "unit;tool" ENVIRONMENT "DTL_PLAN_TUNE=")
+  set_tests_properties(${name} PROPERTIES PASS_REGULAR_EXPRESSION "${expect}" LABELS "unit;tool" ENVIRONMENT "DTL_PLAN_TUNE=;DTL_PROFILE=")
 endfunction()
 dtl_tool_case(dtl_tool_plan "^plan S\\(0\\),R -> R,S\\(1\\)  mesh 2x4  shape \\[8,6\\] f32  \\(coordinate \\[0,0\\]\\)\n.*exchange +S\\(0\\),R->R,S\\(1\\) .*total  1 step, 1 collective, est [0-9.]+ us, scratch [0-9]+ B\nexit=0\n$"
               plan --mesh 2x4 --shape 8,6 --dtype f32 --from S0,R --to R,S1)
@@ -21,7 +21,7 @@ dtl_tool_case(dtl_tool_plan_unsupported "dtl plan: DTL_ERR_UNSUPPORTED: .*mesh d
               plan --mesh 2x4 --shape 8,6 --from S0,R --to P,R)
 dtl_tool_case(dtl_tool_show "^f32\\[8,8\\] mesh=2x2 placements=S\\(0\\),S\\(1\\)\n.*\\[1,1\\] rank 3.*exit=0\n$"
               show --mesh 2x2 --shape 8,8 --dtype f32 S0,S1)
-dtl_tool_case(dtl_tool_info "^dtl [0-9]+\\.[0-9]+\\.[0-9]+ .*CUDA/NCCL backend: .*mpi \\(host memory\\) +alpha=2e-06 .*inter_alpha=5e-06 inter_beta=8e-10 .*DTL_LOG .*DTL_LOG_SUBSYS .*DTL_LOG_FILE .*DTL_CHECK .*DTL_RANKS_PER_NODE .*DTL_PLAN_TUNE .*exit=0\n$"
+dtl_tool_case(dtl_tool_info "^dtl [0-9]+\\.[0-9]+\\.[0-9]+ .*CUDA/NCCL backend: .*mpi \\(host memory\\) +alpha=2e-06 .*inter_alpha=5e-06 inter_beta=8e-10 .*DTL_LOG .*DTL_LOG_SUBSYS .*DTL_LOG_FILE .*DTL_CHECK .*DTL_RANKS_PER_NODE .*DTL_PROFILE .*DTL_PLAN_TUNE .*exit=0\n$"
               info)
 # Nodes: 4 ranks per node on 2x4 make mesh dim 0 cross nodes; the plan keeps bytes on dim 1 and explains each
 # step's link class and bytes to other nodes; show lists the nodes.
@@ -52,3 +52,18 @@ add_test(NAME dtl_tool_bad_plan_tune COMMAND sh -c "p=\"$1\"; shift; \"$p\" \"$@
          plan --mesh 2 --shape 8 --from S0 --to R)
 set_tests_properties(dtl_tool_bad_plan_tune PROPERTIES LABELS "unit;tool" ENVIRONMENT "DTL_PLAN_TUNE=alpha=fast"
                      PASS_REGULAR_EXPRESSION "DTL_PLAN_TUNE=\"alpha=fast\": alpha=\"fast\" is not a finite number.*exit=2\n$")
+# dtl calibrate: its options are checked before MPI starts; under the launcher it prints the model and writes a
+# profile that loads (dtl info with DTL_PROFILE reports no warning).
+dtl_tool_case(dtl_tool_calibrate_help "^usage: dtl <command>.*calibrate \\[--out FILE\\].*exit=0\n$" calibrate --help)
+dtl_tool_case(dtl_tool_calibrate_unknown_option "dtl calibrate: unknown option \"--frob\" \\(expected --out FILE\\).*exit=2\n$"
+              calibrate --frob)
+dtl_tool_case(dtl_tool_calibrate_no_file "dtl calibrate: --out needs a file name.*exit=2\n$" calibrate --out)
+set(dtl_calib_profile ${CMAKE_CURRENT_BINARY_DIR}/dtl_tool_calibrate_np2.profile)
+add_test(NAME dtl_tool_calibrate_np2 COMMAND ${DTL_MPIEXEC} -n 2 $<TARGET_FILE:dtl_tool> calibrate --out ${dtl_calib_profile})
+set_tests_properties(dtl_tool_calibrate_np2 PROPERTIES LABELS "mpi;tool" ENVIRONMENT "${DTL_MPI_ENV};DTL_PROFILE="
+                     PROCESSORS 2 TIMEOUT 120 FIXTURES_SETUP dtl_calib_profile
+                     PASS_REGULAR_EXPRESSION "calibrated on 2 ranks \\(mpi\\):\n  alpha [0-9.e+-]+ s .*dtl-profile 1\n  engine mpi\n  ranks 2\n.*  cost alpha=.*  table all_to_allv ")
+add_test(NAME dtl_tool_info_with_profile COMMAND sh -c "p=\"$1\"; shift; \"$p\" \"$@\" 2>&1; echo \"exit=$?\"" sh $<TARGET_FILE:dtl_tool> info)
+set_tests_properties(dtl_tool_info_with_profile PROPERTIES LABELS "unit;tool" ENVIRONMENT "DTL_PROFILE=${dtl_calib_profile}"
+                     FIXTURES_REQUIRED dtl_calib_profile PASS_REGULAR_EXPRESSION "now \"[^\"]*dtl_tool_calibrate_np2.profile\".*exit=0\n$"
+                     FAIL_REGULAR_EXPRESSION "warning")

@@ -14,15 +14,7 @@
 #include <string.h>
 #include <dtl.h>
 #include <dtl/mpi.h>
-
-#define TRY(call)                                                                                 \
-  do {                                                                                            \
-    dtl_status st_ = (call);                                                                      \
-    if (st_ != DTL_OK) {                                                                          \
-      fprintf(stderr, "%s failed: %s: %s\n", #call, dtl_status_name(st_), dtl_last_error());       \
-      MPI_Abort(MPI_COMM_WORLD, 1);                                                               \
-    }                                                                                             \
-  } while (0)
+#include "example.h"
 
 static int rank, p, mismatches;
 

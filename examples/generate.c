@@ -43,6 +43,7 @@
 #include <unistd.h>
 #include <dtl.h>
 #include <dtl/mpi.h>
+#include "example.h"
 
 enum {
   LAYERS = 4, HID = 256, QH = 8, KVH = 2, HD = 32, FFN = 512, EXPERTS = 8, TOPK = 2, EFFN = 128, VOCAB = 1024,
@@ -51,15 +52,6 @@ enum {
 #define THETA 10000.0f
 #define EPS 1e-5f
 #define SEED 0x5eed2025ull
-
-#define TRY(call)                                                                                            \
-  do {                                                                                                       \
-    dtl_status s_ = (call);                                                                                  \
-    if (s_ != DTL_OK) {                                                                                      \
-      fprintf(stderr, "%s:%d %s: %s (%s)\n", __FILE__, __LINE__, #call, dtl_status_name(s_), dtl_last_error()); \
-      MPI_Abort(MPI_COMM_WORLD, 1);                                                                          \
-    }                                                                                                        \
-  } while (0)
 
 /* ---- time inside MPI collectives (the MPI profiling interface) ---------------------------------------- */
 static double comm_seconds;

@@ -11,17 +11,9 @@
 #include <stdlib.h>
 #include <dtl.h>
 #include <dtl/mpi.h>
+#include "example.h"
 
 enum { LAYERS = 4, KV_HEADS = 8, TOKENS = 512, HEAD_DIM = 64 };
-
-#define TRY(call)                                                                                        \
-  do {                                                                                                   \
-    dtl_status s_ = (call);                                                                              \
-    if (s_ != DTL_OK) {                                                                                  \
-      fprintf(stderr, "%s:%d %s: %s (%s)\n", __FILE__, __LINE__, #call, dtl_status_name(s_), dtl_last_error()); \
-      MPI_Abort(MPI_COMM_WORLD, 1);                                                                      \
-    }                                                                                                    \
-  } while (0)
 
 /* The cache's element at (l, h, t, d): an integer in [-1000, 1000], exact in f16. */
 static float value(int64_t l, int64_t h, int64_t t, int64_t d) {

@@ -11,20 +11,12 @@
 #include <string.h>
 #include <dtl.h>
 #include <dtl/mpi.h>
+#include "example.h"
 
 enum { EXPERTS = 8, TOPK = 2, TOKENS = 64, HIDDEN = 64, FFN = 128 };
 #define CAPACITY_FACTOR 1.25
 /* f32 GEMMs that sum in different orders (grouped rows here, one token at a time there) agree to ~1e-6. */
 #define TOLERANCE 1e-4
-
-#define TRY(call)                                                                          \
-  do {                                                                                     \
-    dtl_status s_ = (call);                                                                \
-    if (s_ != DTL_OK) {                                                                    \
-      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, dtl_status_name(s_), dtl_last_error()); \
-      MPI_Abort(MPI_COMM_WORLD, 1);                                                        \
-    }                                                                                      \
-  } while (0)
 
 /* A fixed-seed generator, so that every rank can build every expert's weights. */
 static uint64_t g_state;

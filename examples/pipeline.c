@@ -13,18 +13,10 @@
 #include <cblas.h>
 #include <dtl.h>
 #include <dtl/mpi.h>
+#include "example.h"
 
 enum { T = 64, HID = 256, FFN = 512, MICRO = 6, BLOCKS = 2 /* per stage */ };
 #define TOLERANCE 1e-4
-
-#define TRY(call)                                                                                        \
-  do {                                                                                                   \
-    dtl_status s_ = (call);                                                                              \
-    if (s_ != DTL_OK) {                                                                                  \
-      fprintf(stderr, "%s:%d %s: %s (%s)\n", __FILE__, __LINE__, #call, dtl_status_name(s_), dtl_last_error()); \
-      MPI_Abort(MPI_COMM_WORLD, 1);                                                                      \
-    }                                                                                                    \
-  } while (0)
 
 static float *uniform(uint64_t seed, size_t n, float scale) {
   float *p = malloc(n * sizeof *p);

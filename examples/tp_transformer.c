@@ -16,19 +16,11 @@
 #include <cblas.h>
 #include <dtl.h>
 #include <dtl/mpi.h>
+#include "example.h"
 
 enum { T = 13, HID = 64, QH = 8, KVH = 2, HD = 8, FFN = 170, VOCAB = 1000 };
 #define TOLERANCE 1e-4
 #define SEED 1234u
-
-#define TRY(call)                                                                              \
-  do {                                                                                         \
-    dtl_status s_ = (call);                                                                    \
-    if (s_ != DTL_OK) {                                                                        \
-      fprintf(stderr, "%s:%d %s: %s (%s)\n", __FILE__, __LINE__, #call, dtl_status_name(s_), dtl_last_error()); \
-      MPI_Abort(MPI_COMM_WORLD, 1);                                                            \
-    }                                                                                          \
-  } while (0)
 
 typedef struct {
   float *embed, *norm1, *qkv, *wo, *norm2, *gate_up, *down, *norm_f, *head;

@@ -12,6 +12,7 @@
 #include <cmocka.h>
 #include "comm/backend.h"
 #include "common/half.h"
+#include "dtype_data.h"
 
 static uint64_t rng_state = 0x243f6a8885a308d3ull;
 static uint64_t rnd(uint64_t n) { /* xorshift64*, uniform enough for test shapes */
@@ -97,18 +98,6 @@ static void box_copy_of_empty_box_writes_nothing(void **state) {
 }
 
 /* --- identity fill --------------------------------------------------------------------------------------- */
-static double load(dtl_dtype t, const void *p, size_t i) {
-  switch (t) {
-    case DTL_FLOAT32: return ((const float *)p)[i];
-    case DTL_FLOAT64: return ((const double *)p)[i];
-    case DTL_FLOAT16: return dtl__f16_to_f32(((const uint16_t *)p)[i]);
-    case DTL_BFLOAT16: return dtl__bf16_to_f32(((const uint16_t *)p)[i]);
-    case DTL_INT8: return ((const int8_t *)p)[i];
-    case DTL_UINT8: return ((const uint8_t *)p)[i];
-    case DTL_INT32: return ((const int32_t *)p)[i];
-    default: return (double)((const int64_t *)p)[i];
-  }
-}
 
 /* Values of each type to combine with the identity: zero, ones, small values and both extremes. */
 static int probe_values(dtl_dtype t, double *v) {
@@ -135,7 +124,7 @@ static void identity_fill_is_neutral_for_every_dtype_and_op(void **state) {
       memset(buf, 0xcd, sizeof buf);
       assert_int_equal(dtl__host_fill_identity(buf, count, (dtl_dtype)t, (dtl_reduce_op)op), DTL_OK);
       for (size_t i = count * es; i < sizeof buf; i++) assert_int_equal(buf[i], 0xcd); /* nothing past count */
-      double e = load((dtl_dtype)t, buf, 0), x[16];
+      double e = t_get((dtl_dtype)t, buf, 0), x[16];
       for (size_t i = 1; i < count; i++) assert_memory_equal(buf, buf + i * es, es); /* every element the same */
       int n = probe_values((dtl_dtype)t, x);
       for (int k = 0; k < n; k++) {

@@ -13,6 +13,7 @@
 #include <cmocka.h>
 #include "comm/backend.h"
 #include "common/half.h"
+#include "dtype_data.h"
 #include "dtl/nccl.h"
 
 #define CUDA_OK(call) assert_int_equal((int)(call), (int)cudaSuccess)
@@ -26,23 +27,11 @@ static double value_at(dtl_dtype t, size_t i, int seed) {
   int v = (int)((i * 7u + (unsigned)seed * 13u) % 23u);
   return t == DTL_UINT8 ? v : v - 11;
 }
-static void put(dtl_dtype t, void *p, size_t i, double v) {
-  switch (t) {
-    case DTL_FLOAT32: ((float *)p)[i] = (float)v; break;
-    case DTL_FLOAT64: ((double *)p)[i] = v; break;
-    case DTL_FLOAT16: ((uint16_t *)p)[i] = dtl__f32_to_f16((float)v); break;
-    case DTL_BFLOAT16: ((uint16_t *)p)[i] = dtl__f32_to_bf16((float)v); break;
-    case DTL_INT8: ((int8_t *)p)[i] = (int8_t)v; break;
-    case DTL_UINT8: ((uint8_t *)p)[i] = (uint8_t)v; break;
-    case DTL_INT32: ((int32_t *)p)[i] = (int32_t)v; break;
-    case DTL_INT64: ((int64_t *)p)[i] = (int64_t)v; break;
-  }
-}
 /* A host buffer of n elements of t with value_at(.., seed). */
 static void *host_data(dtl_dtype t, size_t n, int seed) {
   unsigned char *p = malloc(n * dtl_dtype_size(t) + 1);
   assert_non_null(p);
-  for (size_t i = 0; i < n; i++) put(t, p, i, value_at(t, i, seed));
+  for (size_t i = 0; i < n; i++) t_put(t, p, i, value_at(t, i, seed));
   return p;
 }
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # make test-valgrind: runs every example of BUILD/examples under valgrind's memcheck on NP MPI ranks
-# (quickstart, whose mesh is 2x2, on 4), with OpenMPI's suppression file, and fails when any error record
+# (quickstart, whose mesh is 2x2, and kv_transfer, whose prefill mesh has 4 ranks, on 4), with OpenMPI's suppression file, and fails when any error record
 # (invalid access, uninitialised value, leak) has a stack frame in libdtl; records entirely inside MPI,
 # the loader or other libraries are counted but not dtl's to fix. XML per rank lands in BUILD/valgrind.
 set -euo pipefail
@@ -22,7 +22,7 @@ for ex in "$build"/examples/*; do
   [ -f "$ex" ] && [ -x "$ex" ] || continue
   name=$(basename "$ex")
   n=$np
-  [ "$name" = quickstart ] && n=4
+  case $name in quickstart | kv_transfer) n=4 ;; esac # a 2x2 mesh; a prefill mesh of 4
   start=$(date +%s)
   if ! DTL_CHECK=1 "$build/dtl-mpiexec" -n "$n" valgrind --tool=memcheck --suppressions="$supp" --leak-check=full \
       --show-leak-kinds=definite,indirect,possible --num-callers=40 --xml=yes \

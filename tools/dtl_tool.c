@@ -273,7 +273,7 @@ out:
 
 static void print_env(const char *name, const char *what) {
   const char *v = getenv(name);
-  fprintf(out, "  %-15s %s\n  %-15s (%s%s%s)\n", name, what, "", v ? "now \"" : "unset", v ? q(v) : "", v ? "\"" : "");
+  fprintf(out, "  %-18s %s\n  %-18s (%s%s%s)\n", name, what, "", v ? "now \"" : "unset", v ? q(v) : "", v ? "\"" : "");
 }
 
 static int cmd_info(int argc, char **argv) {

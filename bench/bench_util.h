@@ -5,6 +5,7 @@
 #define DTL_BENCH_UTIL_H
 
 #include <mpi.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -73,5 +74,19 @@ static inline void bench_check(dtl_status s, const char *file, int line, const c
   MPI_Abort(MPI_COMM_WORLD, 1);
 }
 #define BENCH_TRY(call) bench_check((call), __FILE__, __LINE__, #call)
+
+/* The dense oracle of the 2-D benchmarks: global element (i, j) of an n-column f32 tensor (integers, exact in f32
+ * after sums over p ranks), and how many elements of this rank's shard of l (NULL: none) differ from it. */
+static inline float bench_value(int64_t i, int64_t j, int64_t n) { return (float)((i * n + j) % 4093); }
+
+static inline long bench_count_wrong(const dtl_layout *l, const float *buf, int64_t n) {
+  if (!buf) return 0;
+  int64_t shape[2], off[2];
+  dtl_layout_local_box(l, NULL, shape, off);
+  long wrong = 0;
+  for (int64_t i = 0; i < shape[0]; i++)
+    for (int64_t j = 0; j < shape[1]; j++) wrong += buf[i * shape[1] + j] != bench_value(off[0] + i, off[1] + j, n);
+  return wrong;
+}
 
 #endif

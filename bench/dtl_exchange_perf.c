@@ -24,26 +24,14 @@
 static int rank, nranks;
 static dtl_comm *world;
 
-static float value(int64_t i, int64_t j, int64_t n) { return (float)((i * n + j) % 4093); }
-
 static float *shard_of(const dtl_layout *l, int64_t n) {
   size_t c = dtl_layout_local_count(l);
   float *b = malloc(c * sizeof *b + 4);
   int64_t s[2], o[2];
   dtl_layout_local_box(l, NULL, s, o);
   for (int64_t i = 0; i < s[0]; i++)
-    for (int64_t j = 0; j < s[1]; j++) b[i * s[1] + j] = value(o[0] + i, o[1] + j, n);
+    for (int64_t j = 0; j < s[1]; j++) b[i * s[1] + j] = bench_value(o[0] + i, o[1] + j, n);
   return b;
-}
-
-static long wrong_in(const dtl_layout *l, const float *b, int64_t n) {
-  if (!b) return 0;
-  int64_t s[2], o[2];
-  dtl_layout_local_box(l, NULL, s, o);
-  long w = 0;
-  for (int64_t i = 0; i < s[0]; i++)
-    for (int64_t j = 0; j < s[1]; j++) w += b[i * s[1] + j] != value(o[0] + i, o[1] + j, n);
-  return w;
 }
 
 static dtl_layout *layout(const dtl_mesh *m, const char *text, int64_t n) {
@@ -143,9 +131,9 @@ static void part1(long long b0, long long b1, int factor, int rounds, int warmup
         double a = slowest(run_chosen, &r), b = slowest(run_route, &r);
         if (i >= warmup) tc[i - warmup] = a, tr[i - warmup] = b, ratio[i - warmup] = b / a;
       }
-      long wrong = wrong_in(dst, r.out, n);
+      long wrong = bench_count_wrong(dst, r.out, n);
       run_chosen(&r);
-      wrong += wrong_in(dst, r.out, n);
+      wrong += bench_count_wrong(dst, r.out, n);
       MPI_Allreduce(MPI_IN_PLACE, &wrong, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
       unsigned long long rc = max_recv(&r.chosen, 1), rr = max_recv(r.step, 3);
       unsigned long long scr_route = dtl_plan_scratch_bytes(r.step[0]) + dtl_plan_scratch_bytes(r.step[1]) +
@@ -229,7 +217,7 @@ static void part2(long long b0, long long b1, int factor, int rounds, int warmup
         if (i >= warmup) td[i - warmup] = d, tw[i - warmup] = w, ratio[i - warmup] = d / w;
       }
       run_dtl(&x);
-      long wrong = in_b ? wrong_in(dst, x.out, n) : 0;
+      long wrong = in_b ? bench_count_wrong(dst, x.out, n) : 0;
       MPI_Allreduce(MPI_IN_PLACE, &wrong, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
       double md = bench_median(td, rounds), mw = bench_median(tw, rounds), mr = bench_median(ratio, rounds);
       if (rank == 0)

@@ -31,6 +31,7 @@
 #include <unistd.h>
 #include <dtl.h>
 #include <dtl/mpi.h>
+#include "bench_util.h"
 
 static int rank, nranks;
 
@@ -61,9 +62,6 @@ static const char *case_name[] = {"S0->R", "S1->R", "P->R", "P->S0", "S0->S1"};
 static const char *raw_name[] = {"MPI_Allgather", "MPI_Allgather", "MPI_Allreduce", "MPI_Reduce_scatter_block",
                                  "MPI_Alltoall"};
 
-/* Value of global element (i, j) of the dense tensor (integers, exact in f32 after sums over p ranks). */
-static float value(int64_t i, int64_t j, int64_t n) { return (float)((i * n + j) % 4093); }
-
 typedef struct {
   dtl_layout *src, *dst;
   float *in, *out, *raw_in, *raw_out;
@@ -76,18 +74,9 @@ static void fill_source(const dtl_layout *l, float *buf, int64_t n, bool partial
   dtl_layout_local_box(l, NULL, shape, off);
   for (int64_t i = 0; i < shape[0]; i++)
     for (int64_t j = 0; j < shape[1]; j++) {
-      float v = value(off[0] + i, off[1] + j, n);
+      float v = bench_value(off[0] + i, off[1] + j, n);
       buf[i * shape[1] + j] = partial ? (rank == 0 ? v - (float)(nranks - 1) : 1.0f) : v;
     }
-}
-
-static long count_wrong(const dtl_layout *l, const float *buf, int64_t n) {
-  int64_t shape[2], off[2];
-  dtl_layout_local_box(l, NULL, shape, off);
-  long wrong = 0;
-  for (int64_t i = 0; i < shape[0]; i++)
-    for (int64_t j = 0; j < shape[1]; j++) wrong += buf[i * shape[1] + j] != value(off[0] + i, off[1] + j, n);
-  return wrong;
 }
 
 static void raw_call(bench_case c, bench_buf *b, MPI_Comm comm) {
@@ -464,7 +453,7 @@ int main(int argc, char **argv) {
         tr[i] = timed(0, (bench_case)c, &b, mc, &failed);
         tq[i] = td[i] / tr[i];
       }
-      long wrong = count_wrong(b.dst, b.out, n), total_wrong = 0;
+      long wrong = bench_count_wrong(b.dst, b.out, n), total_wrong = 0;
       MPI_Allreduce(&wrong, &total_wrong, 1, MPI_LONG, MPI_SUM, mc);
       double md = median(td, iters), mr = median(tr, iters), ratio = median(tq, iters);
       double busf = c == C_P_R ? 2.0 * (nranks - 1) / nranks : (double)(nranks - 1) / nranks;

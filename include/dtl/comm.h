@@ -64,9 +64,35 @@ DTL_API void dtl_comm_destroy(dtl_comm *c);
 DTL_API dtl_status dtl_comm_split(dtl_comm *c, int color, int key, dtl_comm **out);
 /* Polls the engine for asynchronous errors (NCCL); DTL_ERR_COMM with the engine's message if one occurred. */
 DTL_API dtl_status dtl_comm_check(dtl_comm *c);
-/* Aborts outstanding work on the communicator (ncclCommAbort / MPI_Abort is NOT called for MPI:
- * on MPI this marks the communicator unusable). Further calls return DTL_ERR_COMM. */
+/* Ends the communication of the job, for a rank that cannot go on (after DTL_ERR_TIMEOUT, say): on MPI it calls
+ * MPI_Abort on c's communicator, which ends every process of the job (MPI's rule: it does not return when it
+ * works). On NCCL it calls ncclCommAbort on a communicator dtl made (dtl_comm_split); a borrowed ncclComm_t (the
+ * one passed to dtl_comm_from_nccl) stays its owner's: dtl stops using it and leaves its abort to the owner, who
+ * must call ncclCommAbort on it to release ranks blocked in it. Further calls on c return DTL_ERR_COMM. */
 DTL_API dtl_status dtl_comm_abort(dtl_comm *c);
+
+/* Deadlines. With a timeout of t > 0 seconds, every blocking call on c, and on what is built on it (its splits,
+ * meshes, plans, TP contexts and layers, MoE layouts, CP contexts, and dtl_wait of its requests), waits for at
+ * most about t seconds in each of its waits for the peers, polling the engine with back-off (it spins for
+ * 100 us, then sleeps in steps that grow with the time waited, at most 1 ms, so a waiting rank leaves a shared
+ * core to the ranks it waits for), and then returns DTL_ERR_TIMEOUT naming the operation, the communicator
+ * (its size and mesh dim), the time waited and, where it can tell (point-to-point exchanges, the agreement
+ * over part of a communicator), the ranks that had not arrived. A timeout fails the communicator and every
+ * communicator split from the same dtl_comm_from_mpi / dtl_comm_from_nccl: every later call on any of them
+ * returns DTL_ERR_COMM at once, naming the timeout. The engine may still hold the timed-out call's buffers:
+ * the rank's next step is dtl_comm_abort (or ending the process), not reuse of those buffers.
+ * The timeout is one for a constructor's communicators and the same on every rank (MPI never matches a blocking
+ * collective with a nonblocking one, so ranks must wait alike): it is read from DTL_TIMEOUT (seconds, a decimal
+ * number; 0 or unset: none) when dtl_comm_from_mpi or dtl_comm_from_nccl makes the communicator (a value that
+ * differs between the ranks fails the creation with DTL_ERR_MISMATCH), and dtl_comm_set_timeout changes it for
+ * every communicator of the constructor at once: collective over c, which must be the constructor's own
+ * communicator, agreed (ranks passing different values all get DTL_ERR_MISMATCH), called while no call is in
+ * flight on any of those communicators. 0, the default, costs nothing: the engine's blocking calls run as before. With a deadline the MPI transport runs MPI's nonblocking
+ * forms of its calls (MPI_Iallreduce for MPI_Allreduce, ...) and dtl's own algorithms with timed waits; the
+ * results are bitwise the same. DTL_ERR_INVALID_ARGUMENT for seconds < 0, NaN or above 1e9. */
+DTL_API dtl_status dtl_comm_set_timeout(dtl_comm *c, double seconds);
+/* c's timeout in seconds (0: none; -1 for NULL). */
+DTL_API double dtl_comm_timeout(const dtl_comm *c);
 /* Blocks until every rank has arrived. */
 DTL_API dtl_status dtl_barrier(dtl_comm *c);
 

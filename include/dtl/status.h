@@ -30,7 +30,8 @@ extern "C" {
   XX(DTL_ERR_COMM, 4, "the communication engine (MPI, NCCL) reported an error")                   \
   XX(DTL_ERR_MISMATCH, 5, "ranks disagree about a call (DTL_CHECK=1, counts, layouts)")           \
   XX(DTL_ERR_CUDA, 6, "a CUDA runtime or cuBLAS call failed")                                     \
-  XX(DTL_ERR_INTERNAL, 7, "an inconsistency dtl found in its own state (a bug)")
+  XX(DTL_ERR_INTERNAL, 7, "an inconsistency dtl found in its own state (a bug)")                 \
+  XX(DTL_ERR_TIMEOUT, 8, "a blocking call waited past its communicator's deadline")
 
 typedef enum {
 #define DTL_STATUS_ENUM_(name, value, meaning) name = value,

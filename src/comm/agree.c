@@ -6,6 +6,7 @@
 #include <string.h>
 #include <time.h>
 #include "comm/agree.h"
+#include "comm/deadline.h"
 
 uint64_t dtl__fp_double(uint64_t h, double v) {
   uint64_t bits = 0;
@@ -34,27 +35,41 @@ int64_t dtl__agree_nonce(const void *salt, int rank) {
   return (int64_t)(h >> 2) | 1; /* positive, never 0, and far from INT64_MIN so that -h is exact */
 }
 
-/* The agreement's staging in the communicator's memory: n int64 at least, grown once to the largest need (the
- * chunk of the second exchange, or the verdicts of dtl__agree_among). */
-static dtl_status dtl__agree_stage(dtl_comm *c, size_t n, int64_t **out) {
-  size_t bytes = n * sizeof(int64_t);
-  if (c->agree_bytes < bytes) {
-    if (c->agree_buf) dtl__mem_free(&c->mem, c->agree_buf);
-    c->agree_buf = NULL;
-    c->agree_bytes = 0;
-    size_t want = bytes < 2 * 64 * sizeof(int64_t) ? 2 * 64 * sizeof(int64_t) : bytes;
-    DTL_TRY(dtl__mem_alloc(&c->mem, want, &c->agree_buf));
-    c->agree_bytes = want;
-  }
-  *out = c->agree_buf;
+#define DTL__AGREE_CHUNK 64
+#define DTL__AGREE_REPLY 8 /* verdict, rank, status, count, up to four ranks */
+
+/* The largest staging any agreement exchange of c uses, in int64: the chunks of the second exchange (and the
+ * first, 3 + DTL__AGREE_MAX_EXTRA), or dtl__agree_among's verdicts (2 per rank) and reply. */
+static size_t dtl__agree_need(const dtl_comm *c) {
+  size_t among = 2 * (size_t)c->size + DTL__AGREE_REPLY, chunk = 2 * DTL__AGREE_CHUNK;
+  return among > chunk ? among : chunk;
+}
+
+size_t dtl__agree_host_len(const dtl_comm *c) { return 3 * (size_t)c->size + dtl__agree_need(c); }
+
+/* Device communicators: acquired when the communicator is made, so that no agreement allocates. */
+dtl_status dtl__agree_reserve(dtl_comm *c) {
+  size_t bytes = dtl__agree_need(c) * sizeof(int64_t);
+  DTL_TRY(dtl__mem_alloc(&c->mem, bytes, &c->agree_buf));
+  c->agree_bytes = bytes;
   return DTL_OK;
 }
 
+/* Where an agreement's exchanges move their values: device memory on a device communicator; on a host one under a
+ * deadline, the host staging after the 3 x size verdicts (the callers' values live on their stacks, which a
+ * timed-out call must not leave to MPI); NULL otherwise (straight from the caller's arrays). */
+static int64_t *dtl__agree_staging(const dtl_comm *c) {
+  if (c->mem.ops->memory == DTL_MEMORY_DEVICE) return c->agree_buf;
+  return dtl__comm_timed(c) ? c->agree_host + 3 * (size_t)c->size : NULL;
+}
+
 dtl_status dtl__comm_max_i64(dtl_comm *c, int64_t *v, int n) {
-  if (c->mem.ops->memory == DTL_MEMORY_HOST) return c->ops->all_reduce(c, v, v, (size_t)n, DTL_INT64, DTL_MAX);
+  int64_t *stage = dtl__agree_staging(c);
+  if (!stage) return c->ops->all_reduce(c, v, v, (size_t)n, DTL_INT64, DTL_MAX);
   size_t bytes = sizeof(int64_t) * (size_t)n;
-  int64_t *stage;
-  DTL_TRY(dtl__agree_stage(c, (size_t)n, &stage));
+  if (bytes > dtl__agree_need(c) * sizeof(int64_t))
+    return dtl__error(DTL_ERR_INTERNAL, "dtl agreement: %zu bytes of staging, %zu reserved", bytes,
+                      dtl__agree_need(c) * sizeof(int64_t));
   DTL_TRY(dtl__mem_copy(&c->mem, stage, v, bytes));
   DTL_TRY(c->ops->all_reduce(c, stage, stage, (size_t)n, DTL_INT64, DTL_MAX));
   DTL_TRY(dtl__mem_copy(&c->mem, v, stage, bytes));
@@ -76,17 +91,12 @@ static void dtl__rank_list_add(char *list, size_t cap, size_t *o, int *count, in
   (*count)++;
 }
 
-#define DTL__AGREE_CHUNK 64
-#define DTL__AGREE_STACK_RANKS 256
-
 /* The second exchange, run by every rank once the first said something is wrong: every rank's fingerprint
  * and verdict, DTL__AGREE_CHUNK ranks per all-reduce (no allocation is needed to take part). Returns the
  * verdict of a rank that did not fail itself. */
 static dtl_status dtl__agree_explain(dtl_comm *c, const char *fn, uint64_t fp, dtl_status local) {
   const int p = c->size;
-  int64_t stack_store[2 * DTL__AGREE_STACK_RANKS], *fps = stack_store;
-  if (p > DTL__AGREE_STACK_RANKS) fps = dtl__malloc(sizeof(int64_t) * 3 * (size_t)p); /* NULL: names nobody */
-  int64_t *sts = fps ? fps + p : NULL;
+  int64_t *fps = c->agree_host, *sts = fps + p; /* and the sorted fingerprints after them: 3 x size */
   dtl_status st = DTL_OK;
   for (int base = 0; base < p && st == DTL_OK; base += DTL__AGREE_CHUNK) {
     int n = p - base < DTL__AGREE_CHUNK ? p - base : DTL__AGREE_CHUNK;
@@ -97,22 +107,16 @@ static dtl_status dtl__agree_explain(dtl_comm *c, const char *fn, uint64_t fp, d
       v[n + c->rank - base] = (int64_t)local;
     }
     st = dtl__comm_max_i64(c, v, 2 * n);
-    for (int i = 0; fps && i < n; i++) {
+    for (int i = 0; i < n; i++) {
       fps[base + i] = v[i];
       sts[base + i] = v[n + i];
     }
   }
-  if (local != DTL_OK || st != DTL_OK || !fps) {
-    if (fps != stack_store) dtl__free(fps);
-    if (local != DTL_OK) return local;
-    if (st != DTL_OK) return dtl__error_prefix(st, "%s: agreeing with the other ranks", fn);
-    return dtl__error_fn(DTL_ERR_MISMATCH, fn, "some rank failed or disagrees about the call (out of host memory "
-                         "to name it)");
-  }
+  if (local != DTL_OK) return local;
+  if (st != DTL_OK) return dtl__error_prefix(st, "%s: agreeing with the other ranks", fn);
   /* The reference fingerprint: the most common among the ranks that succeeded, the lowest rank's among
    * equally common ones (so that with two ranks, rank 0's call is the reference). */
-  int64_t *sorted = fps + 2 * p, sorted_stack[DTL__AGREE_STACK_RANKS];
-  if (p <= DTL__AGREE_STACK_RANKS) sorted = sorted_stack;
+  int64_t *sorted = fps + 2 * p;
   int ok = 0;
   for (int r = 0; r < p; r++)
     if (sts[r] == DTL_OK) sorted[ok++] = fps[r];
@@ -141,7 +145,6 @@ static dtl_status dtl__agree_explain(dtl_comm *c, const char *fn, uint64_t fp, d
       dtl__rank_list_add(differ, sizeof differ, &dO, &ndiffer, r);
     }
   }
-  if (fps != stack_store) dtl__free(fps);
   if (nfailed)
     return dtl__error_fn(first, fn, "rank%s %s failed (%s; %s dtl_last_error says why), so no rank went on%s%s%s%s",
                          nfailed > 1 ? "s" : "", failed, dtl_status_name(first), nfailed > 1 ? "their" : "its",
@@ -184,8 +187,6 @@ static dtl_status dtl__agree_p2p(dtl_comm *c, int ns, const int *sp, const void 
   return c->ops->synchronize(c);
 }
 
-#define DTL__AGREE_REPLY 8 /* verdict, rank, status, count, up to four ranks */
-
 dtl_status dtl__agree_among(dtl_comm *c, int n, const int *ranks, const char *fn, uint64_t fp, dtl_status local) {
   if (n == c->size) return dtl__agree(c, fn, fp, local);
   if (n <= 1) return local;
@@ -194,15 +195,14 @@ dtl_status dtl__agree_among(dtl_comm *c, int n, const int *ranks, const char *fn
                                                    "exchange to agree over part of a communicator", c->ops->name);
   char saved[1024];
   if (local != DTL_OK) snprintf(saved, sizeof saved, "%s", dtl_last_error());
-  bool dev = c->mem.ops->memory == DTL_MEMORY_DEVICE;
+  /* Staged (dev) on a device communicator, and on a host one under a deadline (dtl__agree_staging). */
+  int64_t *buf = dtl__agree_staging(c), *all = c->agree_host;
+  bool dev = buf != NULL;
   int leader = ranks[0];
   int64_t mine[2] = {local == DTL_OK ? dtl__fp63(fp) : 0, (int64_t)local}, reply[DTL__AGREE_REPLY] = {0};
-  int64_t *buf = NULL; /* staging: the leader's n entries of 2, then the reply */
-  dtl_status st = dtl__agree_stage(c, 2 * (size_t)n + DTL__AGREE_REPLY, &buf);
-  int64_t host_store[2 * 64], *all = host_store; /* the leader's view of every verdict */
-  if (st == DTL_OK && c->rank == leader && n > 64 && !(all = dtl__malloc(sizeof(int64_t) * 2 * (size_t)n)))
-    st = dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory");
-  if (st != DTL_OK) return local != DTL_OK ? dtl__error(local, "%s", saved) : st;
+  /* Everything was acquired with the communicator: the staging (the leader's n entries of 2, then the reply) and
+   * the leader's host view of every verdict. */
+  dtl_status st = DTL_OK;
   size_t two = 2, rn = DTL__AGREE_REPLY;
   if (c->rank != leader) {
     if (dev) st = dtl__mem_copy(&c->mem, buf, mine, sizeof mine);
@@ -253,7 +253,6 @@ dtl_status dtl__agree_among(dtl_comm *c, int n, const int *ranks, const char *fn
         st = dtl__agree_p2p(c, k, ranks + base, sb, sc, 0, NULL, NULL, NULL);
       }
     }
-    if (all != host_store) dtl__free(all);
   }
   if (local != DTL_OK) return dtl__error(local, "%s", saved);
   if (st != DTL_OK) return dtl__error_prefix(st, "%s: agreeing with the other ranks", fn);

@@ -56,6 +56,11 @@ dtl_status dtl__all_to_allv_agreed(dtl_comm *c, const void *send, const size_t *
 /* In-place maximum of v[0..n) over the ranks of c, on host and device communicators alike (a device one
  * stages the values through a buffer it keeps for this). */
 dtl_status dtl__comm_max_i64(dtl_comm *c, int64_t *v, int n);
+/* Acquires a device communicator's agreement staging (dtl__comm_new calls it): taking part in an agreement
+ * never allocates, so a rank that failed locally can always send its verdict. */
+dtl_status dtl__agree_reserve(dtl_comm *c);
+/* The int64 count of c->agree_host: 3 x size verdicts, then the host staging of a timed agreement. */
+size_t dtl__agree_host_len(const dtl_comm *c);
 
 /* A value drawn independently on each rank (clock, salt and rank mixed) in 1..2^62-1; the maximum over the
  * ranks of one call names that call (a mesh, a MoE layout) on every rank alike. */

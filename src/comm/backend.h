@@ -92,8 +92,19 @@ struct dtl_comm {
   /* DTL_CHECK, read once when the communicator is made (a split inherits its parent's): every collective
    * entry point agrees on its call before communicating (agree.h). */
   bool check;
-  void *agree_buf; /* the agreement's staging in device memory (NULL on host communicators) */
+  /* What the agreement needs, acquired when the communicator is made so that taking part in one never
+   * allocates (comm.h, CONTRIBUTING.md): host arrays for 3 x size verdicts and fingerprints and for size ranks,
+   * and on device communicators the staging of every agreement exchange in device memory (agree.c). */
+  int64_t *agree_host;
+  int *agree_ranks;
+  void *agree_buf; /* NULL on host communicators */
   size_t agree_bytes;
+  /* Deadlines (deadline.h): the state every communicator split from one constructor shares (its timeout, and
+   * whether one timed out), whether this is the constructor's own, and the mesh dim this one serves (-1: none;
+   * named in timeout messages). */
+  struct dtl__comm_fate *fate;
+  bool fate_root;
+  int mesh_dim;
   /* The node (host) of each rank: dense ids 0..nnodes-1 in order of first appearance (size entries, owned; all 0
    * until the transport learns better). Learned when the communicator is made (transports: mpi.c, nccl.c). */
   int *node;
@@ -121,6 +132,8 @@ static inline bool dtl__overlap(const void *a, size_t a_bytes, const void *b, si
 /* Allocates a dtl_comm around impl whose buffers live in mem (the backend fills the rest); reads DTL_CHECK. Its
  * node table starts as one node. */
 dtl_status dtl__comm_new(const dtl__comm_ops *ops, dtl__mem mem, int rank, int size, void *impl, dtl_comm **out);
+/* Frees c and what it holds (its transport's state through ops->destroy, unless ops is NULL). */
+void dtl__comm_free(dtl_comm *c);
 
 /* The node of rank (0..size-1) of c, and how many nodes c's ranks span (the calibration and the meshes use these). */
 int dtl__comm_node_of(const dtl_comm *c, int rank);

@@ -7,6 +7,7 @@
 #include <limits.h>
 #include <stdlib.h>
 #include "comm/agree.h"
+#include "comm/deadline.h"
 #include "common/quote.h"
 
 /* DTL_CHECK: set, non-empty and not "0". */
@@ -25,12 +26,35 @@ dtl_status dtl__comm_new(const dtl__comm_ops *ops, dtl__mem mem, int rank, int s
   c->impl = impl;
   c->check = dtl__check_from_env();
   c->nnodes = 1;
-  if (!(c->node = dtl__calloc((size_t)size, sizeof *c->node))) {
-    dtl__free(c);
-    return dtl__error(DTL_ERR_OUT_OF_MEMORY, "dtl_comm: out of host memory");
+  c->mesh_dim = -1;
+  size_t p = (size_t)size;
+  double timeout = 0;
+  dtl_status st = dtl__timeout_from_env("dtl_comm", &timeout);
+  if (st == DTL_OK && (!(c->node = dtl__calloc(p, sizeof *c->node)) ||
+                       !(c->agree_host = dtl__malloc(sizeof(int64_t) * dtl__agree_host_len(c))) ||
+                       !(c->agree_ranks = dtl__malloc(sizeof(int) * p))))
+    st = dtl__error(DTL_ERR_OUT_OF_MEMORY, "dtl_comm: out of host memory");
+  if (st == DTL_OK) st = dtl__comm_fate_new(c, timeout);
+  /* The device staging of every agreement exchange (agree.c): the explanation's chunks, dtl__agree_among's
+   * verdicts and reply. */
+  if (st == DTL_OK && mem.ops->memory == DTL_MEMORY_DEVICE) st = dtl__agree_reserve(c);
+  if (st != DTL_OK) {
+    c->ops = NULL;
+    dtl__comm_free(c);
+    return st;
   }
   *out = c;
   return DTL_OK;
+}
+
+void dtl__comm_free(dtl_comm *c) {
+  if (c->agree_buf) dtl__mem_free(&c->mem, c->agree_buf);
+  if (c->ops) c->ops->destroy(c);
+  dtl__comm_fate_release(c);
+  dtl__free(c->agree_ranks);
+  dtl__free(c->agree_host);
+  dtl__free(c->node);
+  dtl__free(c);
 }
 
 int dtl__comm_node_of(const dtl_comm *c, int rank) { return c->node[rank]; }
@@ -85,18 +109,13 @@ dtl_memory dtl_comm_memory(const dtl_comm *c) { return c ? c->mem.ops->memory : 
 const char *dtl_comm_backend_name(const dtl_comm *c) { return c ? c->ops->name : "none"; }
 
 void dtl_comm_destroy(dtl_comm *c) {
-  if (!c) return;
-  if (c->agree_buf) dtl__mem_free(&c->mem, c->agree_buf);
-  c->ops->destroy(c);
-  dtl__free(c->node);
-  dtl__free(c);
+  if (c) dtl__comm_free(c);
 }
 
 /* Checks shared by every call: a live communicator, a valid dtype and (optionally) op. */
 static dtl_status dtl__check_comm(const char *fn, dtl_comm *c) {
   if (!c) return dtl__error(DTL_ERR_INVALID_ARGUMENT, "%s: comm=NULL", fn);
-  if (c->aborted) return dtl__error(DTL_ERR_COMM, "%s: the communicator was aborted", fn);
-  return DTL_OK;
+  return dtl__comm_live(c, fn);
 }
 
 static dtl_status dtl__check_common(const char *fn, dtl_comm *c, dtl_dtype t) {
@@ -165,7 +184,7 @@ static dtl_status dtl__sum_counts(const char *fn, const char *arg, const dtl_com
 #define DTL__ENTER(c, fn, local, fp)                                  \
   do {                                                                \
     dtl_status l_ = (local);                                          \
-    if (l_ != DTL_OK && (!(c) || (c)->aborted)) return l_;            \
+    if (l_ != DTL_OK && (!(c) || dtl__comm_dead(c))) return l_;       \
     DTL_TRY(dtl__agree_checked((c), (fn), (fp), l_));                 \
   } while (0)
 
@@ -185,7 +204,10 @@ dtl_status dtl_comm_split(dtl_comm *c, int color, int key, dtl_comm **out) {
   DTL_TRY(dtl__agree(c, fn, dtl__fp_mix(0x5711ull, c->check), local));
   dtl_comm *nc = NULL;
   dtl_status st = c->ops->split(c, color, key, &nc);
-  if (st == DTL_OK) nc->check = c->check;
+  if (st == DTL_OK) {
+    nc->check = c->check;
+    dtl__comm_fate_share(nc, c);
+  }
   st = dtl__agree(c, fn, 0, st);
   if (st != DTL_OK) {
     dtl_comm_destroy(nc);

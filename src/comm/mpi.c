@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "comm/agree.h"
+#include "comm/deadline.h"
 #include "comm/mpi_algo.h"
 #include "comm/profile.h"
 #include "common/half.h"
@@ -48,6 +49,7 @@ typedef struct {
   size_t *offs;      /* 2 x size */
   void *scratch;
   size_t scratch_bytes;
+  int first_failed; /* the scratch agreement's value: MPI's until a timed call completes, so not on a stack */
   dtl__coll last_coll; /* the last call with a choice of algorithm, for dtl_comm_mpi_last_algorithm */
   dtl__algo last_algo;
   bool any_call;
@@ -67,6 +69,53 @@ dtl_status dtl__mpi_error(const char *fn, int rc) {
     int rc_ = (call);                                       \
     if (rc_ != MPI_SUCCESS) return dtl__mpi_error(fn, rc_); \
   } while (0)
+
+/* The error of a failed MPI_Waitall/MPI_Testall over n requests: the first failing request's own. */
+static dtl_status dtl__mpi_all_error(const char *fn, int rc, const MPI_Status *st, int n) {
+  for (int i = 0; rc == MPI_ERR_IN_STATUS && st != MPI_STATUSES_IGNORE && i < n; i++)
+    if (st[i].MPI_ERROR != MPI_SUCCESS && st[i].MPI_ERROR != MPI_ERR_PENDING) rc = st[i].MPI_ERROR;
+  return dtl__mpi_error(fn, rc);
+}
+
+/* --- waiting, under the communicator's deadline ----------------------------------------------------------------
+ * Without a deadline a blocking call is MPI's own (MPI_Allreduce, MPI_Waitall): nothing changes and nothing is
+ * paid. With one, every blocking call posts MPI's nonblocking form and completes here, by MPI_Testall polled with
+ * the deadline's back-off (deadline.c), so that a peer that never arrives costs DTL_ERR_TIMEOUT, not a hang. */
+#define DTL__MPI_LATE (-1) /* dtl__mpi_poll: the deadline passed first (the requests are left as they are) */
+
+static int dtl__mpi_poll(dtl__deadline *d, int n, MPI_Request *reqs, MPI_Status *sts) {
+  for (;;) {
+    int flag = 0, rc = MPI_Testall(n, reqs, &flag, sts);
+    if (rc != MPI_SUCCESS || flag) return rc;
+    if (!dtl__deadline_backoff(d)) return DTL__MPI_LATE;
+  }
+}
+
+dtl_status dtl__mpi_waitall(dtl_comm *c, const char *fn, int n, MPI_Request *reqs, MPI_Status *sts) {
+  int rc;
+  if (!dtl__comm_timed(c)) {
+    rc = MPI_Waitall(n, reqs, sts);
+  } else {
+    dtl__deadline d;
+    dtl__deadline_begin(&d, dtl__comm_timeout_s(c));
+    if ((rc = dtl__mpi_poll(&d, n, reqs, sts)) == DTL__MPI_LATE) return dtl__comm_timeout(c, fn, &d, "");
+  }
+  return rc == MPI_SUCCESS ? DTL_OK : dtl__mpi_all_error(fn, rc, sts, n);
+}
+
+/* A blocking MPI call: bcall without a deadline; with one, icall (its nonblocking form, posting into &req_),
+ * completed under the deadline. */
+#define DTL__MPI_TIMED(c, fn, bcall, icall)                                                  \
+  do {                                                                                       \
+    MPI_Request req_ = MPI_REQUEST_NULL;                                                     \
+    bool timed_ = dtl__comm_timed(c);                                                        \
+    int rc_ = timed_ ? (icall) : (bcall);                                                    \
+    if (rc_ != MPI_SUCCESS) return dtl__mpi_error(fn, rc_);                                  \
+    if (timed_) DTL_TRY(dtl__mpi_waitall((c), (fn), 1, &req_, MPI_STATUSES_IGNORE));         \
+  } while (0)
+
+/* Every entry of the vtable first: a communicator that was aborted or whose fate failed returns at once. */
+#define DTL__MPI_LIVE(c, fn) DTL_TRY(dtl__comm_live((c), (fn)))
 
 /* --- f16 / bf16 reduction operators: each pair is combined in f32 and rounded back ---------------------- */
 #define DTL__HALF_OP(name, to, from, expr)                                   \
@@ -114,7 +163,10 @@ static MPI_Op dtl__mpi_op(const dtl_comm *c, dtl_dtype t, dtl_reduce_op op) {
  * from the buffer's start (where MPI_IN_PLACE leaves it) to this rank's block. */
 typedef struct {
   const char *fn;
+  dtl_comm *c;
   bool nonblocking;
+  bool timed; /* a blocking call under a deadline: each MPI call posted into one, then completed at once */
+  MPI_Request one;
   int tag;     /* a nonblocking start's own tag (dtl's algorithms) */
   int *counts; /* int counts and displacements that MPI reads until completion (NULL: the communicator's) */
   dtl__algo_after after;
@@ -156,14 +208,28 @@ static MPI_Request *dtl__mpi_next(dtl__mpi_call *k) { return &k->reqs[k->nreqs];
  * nonblocking one in wait. */
 static dtl_status dtl__mpi_posted(dtl__mpi_call *k, int rc, bool finish) {
   if (rc != MPI_SUCCESS) return dtl__mpi_error(k->fn, rc);
-  if (k->nonblocking) k->nreqs++;
-  else if (finish) dtl__algo_finish(&k->after);
+  if (k->nonblocking) {
+    k->nreqs++;
+    return DTL_OK;
+  }
+  if (k->timed) DTL_TRY(dtl__mpi_waitall(k->c, k->fn, 1, &k->one, MPI_STATUSES_IGNORE));
+  if (finish) dtl__algo_finish(&k->after);
   return DTL_OK;
+}
+
+/* The state of a blocking call on c (timed under c's deadline). */
+static void dtl__mpi_blocking(dtl__mpi_call *k, dtl_comm *c, const char *fn) {
+  memset(k, 0, sizeof *k);
+  k->fn = fn;
+  k->c = c;
+  k->timed = dtl__comm_timed(c);
+  k->reqs = &k->one;
+  k->reqs_cap = 1;
 }
 static dtl_status dtl__mpi_issued(dtl__mpi_call *k, int rc) { return dtl__mpi_posted(k, rc, true); }
 
 #define DTL__ISSUE(k, blocking_call, nonblocking_call) \
-  dtl__mpi_issued((k), (k)->nonblocking ? (nonblocking_call) : (blocking_call))
+  dtl__mpi_issued((k), (k)->nonblocking || (k)->timed ? (nonblocking_call) : (blocking_call))
 
 /* Converts per-rank counts to int counts and displacements (displs, named displs_arg, or packed in rank order
  * when NULL), into k->counts (n counts then n displacements; with a second array, 4n ints): a nonblocking
@@ -227,14 +293,21 @@ static dtl_status dtl__mpi_scratch(dtl_comm *c, const char *fn, size_t need) {
   dtl__mpi *m = dtl__mpi_of(c);
   if (need <= m->scratch_bytes) return DTL_OK;
   void *p = dtl__malloc(need);
-  int first_failed = p ? INT_MAX : c->rank;
+  int *first = &m->first_failed;
+  *first = p ? INT_MAX : c->rank;
   if (c->size > 1) {
-    int rc = MPI_Allreduce(MPI_IN_PLACE, &first_failed, 1, MPI_INT, MPI_MIN, m->comm);
-    if (rc != MPI_SUCCESS) {
+    MPI_Request r = MPI_REQUEST_NULL;
+    bool timed = dtl__comm_timed(c);
+    int rc = timed ? MPI_Iallreduce(MPI_IN_PLACE, first, 1, MPI_INT, MPI_MIN, m->comm, &r)
+                   : MPI_Allreduce(MPI_IN_PLACE, first, 1, MPI_INT, MPI_MIN, m->comm);
+    dtl_status st = rc == MPI_SUCCESS ? DTL_OK : dtl__mpi_error(fn, rc);
+    if (st == DTL_OK && timed) st = dtl__mpi_waitall(c, fn, 1, &r, MPI_STATUSES_IGNORE);
+    if (st != DTL_OK) {
       dtl__free(p);
-      return dtl__mpi_error(fn, rc);
+      return st;
     }
   }
+  int first_failed = *first;
   if (first_failed != INT_MAX) {
     if (!p)
       return dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory (%zu bytes of scratch for dtl's algorithm)",
@@ -253,7 +326,7 @@ static dtl_status dtl__mpi_scratch(dtl_comm *c, const char *fn, size_t need) {
 static dtl_status dtl__mpi_algo(dtl_comm *c, dtl__mpi_call *k, dtl__algo_call a, dtl_dtype t, dtl_reduce_op op) {
   dtl__mpi *m = dtl__mpi_of(c);
   a.fn = k->fn;
-  dtl__algo_ctx x = {.comm = m->comm, .rank = c->rank, .size = c->size, .limit = m->limit, .dt = dtl__mpi_type(t),
+  dtl__algo_ctx x = {.c = c, .comm = m->comm, .rank = c->rank, .size = c->size, .limit = m->limit, .dt = dtl__mpi_type(t),
                      .es = dtl_dtype_size(t), .t = t, .op = op, .nonblocking = k->nonblocking, .x = m->xfers,
                      .offs = m->offs};
   size_t need = dtl__algo_scratch_bytes(&x, &a);
@@ -291,30 +364,40 @@ static dtl_status dtl__mpi_algo(dtl_comm *c, dtl__mpi_call *k, dtl__algo_call a,
 
 /* --- collectives -------------------------------------------------------------------------------------- */
 static dtl_status mpi_broadcast(dtl_comm *c, void *buf, size_t count, dtl_dtype t, int root) {
+  static const char fn[] = "dtl_broadcast";
+  DTL__MPI_LIVE(c, fn);
   dtl__mpi *m = dtl__mpi_of(c);
   size_t es = dtl_dtype_size(t), at = 0;
   do { /* in pieces of at most the limit: the same on every rank */
     size_t n = count - at < m->limit ? count - at : m->limit;
-    DTL__MPI_CALL("dtl_broadcast", MPI_Bcast((char *)buf + at * es, (int)n, dtl__mpi_type(t), root, m->comm));
+    char *b = (char *)buf + at * es;
+    DTL__MPI_TIMED(c, fn, MPI_Bcast(b, (int)n, dtl__mpi_type(t), root, m->comm),
+                   MPI_Ibcast(b, (int)n, dtl__mpi_type(t), root, m->comm, &req_));
     at += n;
   } while (at < count);
   return DTL_OK;
 }
 
 static dtl_status mpi_scatter(dtl_comm *c, const void *send, void *recv, size_t recv_count, dtl_dtype t, int root) {
-  dtl__mpi_call k = {.fn = "dtl_scatter"};
+  DTL__MPI_LIVE(c, "dtl_scatter");
+  dtl__mpi_call k;
+  dtl__mpi_blocking(&k, c, "dtl_scatter");
   if (recv_count > dtl__mpi_of(c)->limit)
     return dtl__mpi_algo(c, &k, (dtl__algo_call){.coll = DTL__COLL_SCATTER, .algo = DTL__ALGO_DIRECT, .send = send,
                                                  .recv = recv, .count = recv_count, .root = root}, t, DTL_SUM);
   int n = (int)recv_count;
   MPI_Datatype dt = dtl__mpi_type(t);
   void *r = c->rank == root && dtl__ptr_at(recv, send, (size_t)root * recv_count * dtl_dtype_size(t)) ? MPI_IN_PLACE : recv;
-  DTL__MPI_CALL("dtl_scatter", MPI_Scatter(send, n, dt, r, n, dt, root, dtl__mpi_of(c)->comm));
+  MPI_Comm comm = dtl__mpi_of(c)->comm;
+  DTL__MPI_TIMED(c, "dtl_scatter", MPI_Scatter(send, n, dt, r, n, dt, root, comm),
+                 MPI_Iscatter(send, n, dt, r, n, dt, root, comm, &req_));
   return DTL_OK;
 }
 
 static dtl_status mpi_gather(dtl_comm *c, const void *send, void *recv, size_t send_count, dtl_dtype t, int root) {
-  dtl__mpi_call k = {.fn = "dtl_gather"};
+  DTL__MPI_LIVE(c, "dtl_gather");
+  dtl__mpi_call k;
+  dtl__mpi_blocking(&k, c, "dtl_gather");
   if (send_count > dtl__mpi_of(c)->limit)
     return dtl__mpi_algo(c, &k, (dtl__algo_call){.coll = DTL__COLL_GATHER, .algo = DTL__ALGO_DIRECT, .send = send,
                                                  .recv = recv, .count = send_count, .root = root}, t, DTL_SUM);
@@ -322,13 +405,17 @@ static dtl_status mpi_gather(dtl_comm *c, const void *send, void *recv, size_t s
   MPI_Datatype dt = dtl__mpi_type(t);
   const void *s =
       c->rank == root && dtl__ptr_at(send, recv, (size_t)root * send_count * dtl_dtype_size(t)) ? MPI_IN_PLACE : send;
-  DTL__MPI_CALL("dtl_gather", MPI_Gather(s, n, dt, recv, n, dt, root, dtl__mpi_of(c)->comm));
+  MPI_Comm comm = dtl__mpi_of(c)->comm;
+  DTL__MPI_TIMED(c, "dtl_gather", MPI_Gather(s, n, dt, recv, n, dt, root, comm),
+                 MPI_Igather(s, n, dt, recv, n, dt, root, comm, &req_));
   return DTL_OK;
 }
 
 static dtl_status mpi_reduce(dtl_comm *c, const void *send, void *recv, size_t count, dtl_dtype t, dtl_reduce_op op, int root) {
+  DTL__MPI_LIVE(c, "dtl_reduce");
   dtl__mpi *m = dtl__mpi_of(c);
-  dtl__mpi_call k = {.fn = "dtl_reduce"};
+  dtl__mpi_call k;
+  dtl__mpi_blocking(&k, c, "dtl_reduce");
   size_t es = dtl_dtype_size(t);
   dtl__algo a = dtl__mpi_pick(c, &k, DTL__COLL_REDUCE, true, t, op, count * es, count > m->limit);
   if (a != DTL__ALGO_MPI)
@@ -351,8 +438,10 @@ static dtl_status mpi_reduce(dtl_comm *c, const void *send, void *recv, size_t c
     size_t n = count - at < m->limit ? count - at : m->limit;
     const void *sp = s == MPI_IN_PLACE ? s : (const char *)s + at * es;
     void *rp = recv ? (char *)recv + at * es : NULL;
-    st = dtl__mpi_posted(&k, MPI_Reduce(sp, rp, (int)n, dtl__mpi_type(t), dtl__mpi_op(c, t, op), root, m->comm),
-                         at + n >= count);
+    MPI_Datatype dt = dtl__mpi_type(t);
+    MPI_Op mop = dtl__mpi_op(c, t, op);
+    st = dtl__mpi_posted(&k, k.timed ? MPI_Ireduce(sp, rp, (int)n, dt, mop, root, m->comm, &k.one)
+                                     : MPI_Reduce(sp, rp, (int)n, dt, mop, root, m->comm), at + n >= count);
     at += n;
   } while (st == DTL_OK && at < count);
   dtl__free(copy);
@@ -412,8 +501,8 @@ static dtl_status mpi_all_reduce_call(dtl_comm *c, const void *send, void *recv,
     size_t n = count - at < m->limit ? count - at : m->limit;
     const void *s = send == recv ? MPI_IN_PLACE : (const char *)send + at * es;
     void *r = (char *)recv + at * es;
-    int rc = k->nonblocking ? MPI_Iallreduce(s, r, (int)n, dt, mop, m->comm, dtl__mpi_next(k))
-                            : MPI_Allreduce(s, r, (int)n, dt, mop, m->comm);
+    int rc = k->nonblocking || k->timed ? MPI_Iallreduce(s, r, (int)n, dt, mop, m->comm, dtl__mpi_next(k))
+                                        : MPI_Allreduce(s, r, (int)n, dt, mop, m->comm);
     st = dtl__mpi_posted(k, rc, at + n >= count);
     at += n;
   } while (st == DTL_OK && at < count);
@@ -513,31 +602,41 @@ static dtl_status mpi_all_to_allv_call(dtl_comm *c, const void *send, const size
 }
 
 static dtl_status mpi_all_gather(dtl_comm *c, const void *send, void *recv, size_t send_count, dtl_dtype t) {
-  dtl__mpi_call k = {.fn = "dtl_all_gather"};
+  DTL__MPI_LIVE(c, "dtl_all_gather");
+  dtl__mpi_call k;
+  dtl__mpi_blocking(&k, c, "dtl_all_gather");
   return mpi_all_gather_call(c, send, recv, send_count, t, &k);
 }
 
 static dtl_status mpi_all_gatherv(dtl_comm *c, const void *send, size_t send_count, void *recv, const size_t *recv_counts,
                                   dtl_dtype t) {
-  dtl__mpi_call k = {.fn = "dtl_all_gatherv"};
+  DTL__MPI_LIVE(c, "dtl_all_gatherv");
+  dtl__mpi_call k;
+  dtl__mpi_blocking(&k, c, "dtl_all_gatherv");
   return mpi_all_gatherv_call(c, send, send_count, recv, recv_counts, t, &k);
 }
 
 static dtl_status mpi_all_reduce(dtl_comm *c, const void *send, void *recv, size_t count, dtl_dtype t, dtl_reduce_op op) {
-  dtl__mpi_call k = {.fn = "dtl_all_reduce"};
+  DTL__MPI_LIVE(c, "dtl_all_reduce");
+  dtl__mpi_call k;
+  dtl__mpi_blocking(&k, c, "dtl_all_reduce");
   return mpi_all_reduce_call(c, send, recv, count, t, op, &k);
 }
 
 static dtl_status mpi_reduce_scatter(dtl_comm *c, const void *send, void *recv, size_t recv_count, dtl_dtype t,
                                      dtl_reduce_op op) {
-  dtl__mpi_call k = {.fn = "dtl_reduce_scatter"};
+  DTL__MPI_LIVE(c, "dtl_reduce_scatter");
+  dtl__mpi_call k;
+  dtl__mpi_blocking(&k, c, "dtl_reduce_scatter");
   return mpi_reduce_scatter_call(c, send, recv, recv_count, t, op, &k);
 }
 
 /* Only blocking: MPI_Ireduce_scatter exists, but dtl exposes no nonblocking uneven reduce-scatter. */
 static dtl_status mpi_reduce_scatterv(dtl_comm *c, const void *send, void *recv, const size_t *recv_counts, dtl_dtype t,
                                       dtl_reduce_op op) {
-  dtl__mpi_call k = {.fn = "dtl_reduce_scatterv"};
+  DTL__MPI_LIVE(c, "dtl_reduce_scatterv");
+  dtl__mpi_call k;
+  dtl__mpi_blocking(&k, c, "dtl_reduce_scatterv");
   size_t total = 0, es = dtl_dtype_size(t);
   for (int i = 0; i < c->size; i++) total += recv_counts[i];
   dtl__algo a = dtl__mpi_pick(c, &k, DTL__COLL_REDUCE_SCATTER, true, t, op, total * es,
@@ -551,17 +650,24 @@ static dtl_status mpi_reduce_scatterv(dtl_comm *c, const void *send, void *recv,
   void *r;
   dtl__mpi_reduce_scatter_buffers(&k, send, recv, (size_t)id[c->rank] * es, recv_counts[c->rank] * es, &s, &r);
   dtl__mpi_avg_after(&k, c, op, recv, recv_counts[c->rank], t);
-  return dtl__mpi_issued(&k, MPI_Reduce_scatter(s, r, ic, dtl__mpi_type(t), dtl__mpi_op(c, t, op), dtl__mpi_of(c)->comm));
+  MPI_Datatype dt = dtl__mpi_type(t);
+  MPI_Op mop = dtl__mpi_op(c, t, op);
+  MPI_Comm comm = dtl__mpi_of(c)->comm;
+  return DTL__ISSUE(&k, MPI_Reduce_scatter(s, r, ic, dt, mop, comm), MPI_Ireduce_scatter(s, r, ic, dt, mop, comm, &k.one));
 }
 
 static dtl_status mpi_all_to_all(dtl_comm *c, const void *send, void *recv, size_t count_per_peer, dtl_dtype t) {
-  dtl__mpi_call k = {.fn = "dtl_all_to_all"};
+  DTL__MPI_LIVE(c, "dtl_all_to_all");
+  dtl__mpi_call k;
+  dtl__mpi_blocking(&k, c, "dtl_all_to_all");
   return mpi_all_to_all_call(c, send, recv, count_per_peer, t, &k);
 }
 
 static dtl_status mpi_all_to_allv(dtl_comm *c, const void *send, const size_t *send_counts, void *recv,
                                   const size_t *recv_counts, dtl_dtype t) {
-  dtl__mpi_call k = {.fn = "dtl_all_to_allv"};
+  DTL__MPI_LIVE(c, "dtl_all_to_allv");
+  dtl__mpi_call k;
+  dtl__mpi_blocking(&k, c, "dtl_all_to_allv");
   return mpi_all_to_allv_call(c, send, send_counts, NULL, recv, recv_counts, NULL, t, &k);
 }
 
@@ -570,7 +676,9 @@ static dtl_status mpi_all_to_allv(dtl_comm *c, const void *send, const size_t *s
 static dtl_status mpi_all_to_allv_displs(dtl_comm *c, const void *send, const size_t *send_counts,
                                          const size_t *send_displs, void *recv, const size_t *recv_counts,
                                          const size_t *recv_displs, dtl_dtype t) {
-  dtl__mpi_call k = {.fn = "dtl_all_to_allv_displs"};
+  DTL__MPI_LIVE(c, "dtl_all_to_allv_displs");
+  dtl__mpi_call k;
+  dtl__mpi_blocking(&k, c, "dtl_all_to_allv_displs");
   return mpi_all_to_allv_call(c, send, send_counts, send_displs, recv, recv_counts, recv_displs, t, &k);
 }
 
@@ -618,6 +726,7 @@ static dtl_status dtl__mpi_request_new(dtl_comm *c, const char *fn, dtl__mpi_req
   memset(r, 0, sizeof *r);
   r->base.comm = c;
   r->call.fn = fn;
+  r->call.c = c;
   r->call.nonblocking = true;
   r->call.counts = (int *)(r + 1);
   r->call.reqs = (MPI_Request *)(r->call.counts + 4 * (size_t)c->size);
@@ -659,6 +768,7 @@ static dtl_status dtl__mpi_started(dtl__mpi_request *r, dtl_status st, dtl_reque
 #define DTL__MPI_ASYNC(fn, call_expr)                                             \
   do {                                                                            \
     dtl__mpi_request *r_ = NULL;                                                  \
+    DTL__MPI_LIVE(c, fn);                                                         \
     DTL_TRY(dtl__mpi_request_new(c, fn, &r_));                                    \
     dtl__mpi_call *k = &r_->call;                                                 \
     dtl__mpi *m_ = dtl__mpi_of(c);                                                \
@@ -700,13 +810,14 @@ static dtl_status mpi_all_to_allv_async(dtl_comm *c, const void *send, const siz
 static dtl_status dtl__mpi_pair_wait(dtl__mpi_request *r);
 static dtl_status dtl__mpi_pair_test(dtl__mpi_request *r, bool *done);
 
+/* After a timeout the request goes back to the pool all the same: its communicator has failed, so nothing
+ * reuses it. */
 static dtl_status mpi_wait(dtl_request *req) {
   dtl__mpi_request *r = (dtl__mpi_request *)req;
   if (r->is_pair) return dtl__mpi_pair_wait(r);
-  int rc = MPI_Waitall(r->call.nreqs, r->call.reqs, MPI_STATUSES_IGNORE);
-  dtl_status st = DTL_OK;
-  if (rc == MPI_SUCCESS) dtl__algo_finish(&r->call.after);
-  else st = dtl__mpi_error(r->call.fn, rc);
+  dtl_status st = dtl__comm_live(r->base.comm, r->call.fn);
+  if (st == DTL_OK) st = dtl__mpi_waitall(r->base.comm, r->call.fn, r->call.nreqs, r->call.reqs, MPI_STATUSES_IGNORE);
+  if (st == DTL_OK) dtl__algo_finish(&r->call.after);
   dtl__mpi_request_done(r);
   return st;
 }
@@ -747,30 +858,36 @@ static dtl_status dtl__mpi_piece_in(const dtl_comm *c, const char *fn, const cha
 }
 
 static dtl_status mpi_send(dtl_comm *c, const void *buf, size_t count, dtl_dtype t, int peer) {
+  DTL__MPI_LIVE(c, "dtl_send");
   size_t es = dtl_dtype_size(t), at;
+  MPI_Comm comm = dtl__mpi_of(c)->comm;
   for (size_t j = 0, n = dtl__p2p_pieces(c, count); j < n; j++) {
     int m = dtl__p2p_piece(c, count, j, &at);
-    DTL__MPI_CALL("dtl_send", MPI_Send((const char *)buf + at * es, m, dtl__mpi_type(t), peer, 0, dtl__mpi_of(c)->comm));
+    const char *b = (const char *)buf + at * es;
+    DTL__MPI_TIMED(c, "dtl_send", MPI_Send(b, m, dtl__mpi_type(t), peer, 0, comm),
+                   MPI_Isend(b, m, dtl__mpi_type(t), peer, 0, comm, &req_));
   }
   return DTL_OK;
 }
 
 static dtl_status mpi_recv(dtl_comm *c, void *buf, size_t count, dtl_dtype t, int peer) {
+  DTL__MPI_LIVE(c, "dtl_recv");
   size_t es = dtl_dtype_size(t), at;
+  MPI_Comm comm = dtl__mpi_of(c)->comm;
   for (size_t j = 0, n = dtl__p2p_pieces(c, count); j < n; j++) {
     int m = dtl__p2p_piece(c, count, j, &at);
     MPI_Status st;
-    DTL__MPI_CALL("dtl_recv", MPI_Recv((char *)buf + at * es, m, dtl__mpi_type(t), peer, 0, dtl__mpi_of(c)->comm, &st));
+    char *b = (char *)buf + at * es;
+    if (!dtl__comm_timed(c)) {
+      DTL__MPI_CALL("dtl_recv", MPI_Recv(b, m, dtl__mpi_type(t), peer, 0, comm, &st));
+    } else {
+      MPI_Request r = MPI_REQUEST_NULL;
+      DTL__MPI_CALL("dtl_recv", MPI_Irecv(b, m, dtl__mpi_type(t), peer, 0, comm, &r));
+      DTL_TRY(dtl__mpi_waitall(c, "dtl_recv", 1, &r, &st));
+    }
     DTL_TRY(dtl__mpi_piece_in(c, "dtl_recv", "count", count, "peer", peer, t, j, &st));
   }
   return DTL_OK;
-}
-
-/* The error of a failed MPI_Waitall/MPI_Testall over n requests: the first failing request's own. */
-static dtl_status dtl__mpi_all_error(const char *fn, int rc, const MPI_Status *st, int n) {
-  for (int i = 0; rc == MPI_ERR_IN_STATUS && i < n; i++)
-    if (st[i].MPI_ERROR != MPI_SUCCESS && st[i].MPI_ERROR != MPI_ERR_PENDING) rc = st[i].MPI_ERROR;
-  return dtl__mpi_error(fn, rc);
 }
 
 /* Posts receive piece rj (if any) then send piece sj (if any) of a sendrecv into reqs[*n]. */
@@ -807,8 +924,9 @@ static void dtl__mpi_withdraw(MPI_Request *reqs, int n) {
 static dtl_status mpi_sendrecv(dtl_comm *c, const void *send, size_t send_count, int dest, void *recv,
                                size_t recv_count, int source, dtl_dtype t) {
   static const char fn[] = "dtl_sendrecv";
+  DTL__MPI_LIVE(c, fn);
   size_t ns = dtl__p2p_pieces(c, send_count), nr = dtl__p2p_pieces(c, recv_count);
-  if (ns == 1 && nr == 1) {
+  if (ns == 1 && nr == 1 && !dtl__comm_timed(c)) {
     MPI_Datatype dt = dtl__mpi_type(t);
     MPI_Status status;
     DTL__MPI_CALL(fn, MPI_Sendrecv(send, (int)send_count, dt, dest, 0, recv, (int)recv_count, dt, source, 0,
@@ -826,8 +944,7 @@ static dtl_status mpi_sendrecv(dtl_comm *c, const void *send, size_t send_count,
       dtl__mpi_withdraw(reqs, n);
       return dtl__mpi_error(fn, rc);
     }
-    rc = MPI_Waitall(n, reqs, sts);
-    if (rc != MPI_SUCCESS) return dtl__mpi_all_error(fn, rc, sts, n);
+    DTL_TRY(dtl__mpi_waitall(c, fn, n, reqs, sts));
     if (receiving) st = dtl__mpi_piece_in(c, fn, "recv_count", recv_count, "source", source, t, j, &sts[0]);
   }
   return st;
@@ -838,6 +955,7 @@ static dtl_status mpi_sendrecv(dtl_comm *c, const void *send, size_t send_count,
 static dtl_status mpi_sendrecv_async(dtl_comm *c, const void *send, size_t send_count, int dest, void *recv,
                                      size_t recv_count, int source, dtl_dtype t, dtl_request **req) {
   static const char fn[] = "dtl_sendrecv_async";
+  DTL__MPI_LIVE(c, fn);
   size_t ns = dtl__p2p_pieces(c, send_count), nr = dtl__p2p_pieces(c, recv_count), total = ns + nr;
   dtl__mpi_request *r = NULL;
   DTL_TRY(dtl__mpi_request_new(c, fn, &r));
@@ -892,13 +1010,12 @@ static dtl_status dtl__mpi_pair_wait(dtl__mpi_request *r) {
       dtl__mpi_withdraw(&r->call.reqs[i], 1);
       continue;
     }
-    int rc = MPI_Wait(&r->call.reqs[i], &p->sts[i]);
-    if (rc != MPI_SUCCESS) st = dtl__mpi_error(r->call.fn, rc);
-    else st = dtl__mpi_piece_in(c, r->call.fn, "recv_count", p->recv_count, "source", p->source, p->t, j, &p->sts[i]);
+    st = dtl__mpi_waitall(c, r->call.fn, 1, &r->call.reqs[i], &p->sts[i]);
+    if (st == DTL_OK) st = dtl__mpi_piece_in(c, r->call.fn, "recv_count", p->recv_count, "source", p->source, p->t, j, &p->sts[i]);
   }
-  if (!p->done) { /* the sends (and the withdrawn receives, now null requests) */
-    int rc = MPI_Waitall(r->call.nreqs, r->call.reqs, MPI_STATUSES_IGNORE);
-    if (rc != MPI_SUCCESS && st == DTL_OK) st = dtl__mpi_error(r->call.fn, rc);
+  if (!p->done && !dtl__comm_dead(c)) { /* the sends (and the withdrawn receives, now null requests) */
+    dtl_status ws = dtl__mpi_waitall(c, r->call.fn, r->call.nreqs, r->call.reqs, MPI_STATUSES_IGNORE);
+    if (st == DTL_OK) st = ws;
   }
   for (size_t j = 0; p->done && st == DTL_OK && j < nr; j++)
     st = dtl__mpi_piece_in(c, r->call.fn, "recv_count", p->recv_count, "source", p->source, p->t, j,
@@ -945,17 +1062,53 @@ static dtl_status dtl__mpi_post(dtl_comm *c, dtl__mpi_call *k, int nsend, const 
   return dtl__mpi_error(k->fn, rc);
 }
 
+/* ", no message yet from ranks 1,3" (the peers of the receives still open), for a timeout's message. */
+static void dtl__mpi_missing(const dtl_comm *c, const MPI_Request *reqs, int nrecv, const int *recv_peers,
+                             const size_t *recv_counts, char *buf, size_t cap) {
+  size_t o = 0, at = 0;
+  int listed = 0;
+  buf[0] = '\0';
+  for (int i = 0; i < nrecv; i++) {
+    bool open = false;
+    for (size_t j = 0, n = dtl__p2p_pieces(c, recv_counts[i]); j < n; j++, at++) {
+      int flag = 1;
+      if (reqs[at] != MPI_REQUEST_NULL) MPI_Request_get_status(reqs[at], &flag, MPI_STATUS_IGNORE);
+      open |= !flag;
+    }
+    if (!open || o + 24 >= cap) continue;
+    o += (size_t)snprintf(buf + o, cap - o, "%s%d", listed++ ? "," : ", no message yet from rank(s) ", recv_peers[i]);
+  }
+  if (!listed && nrecv) snprintf(buf, cap, ", every message to this rank had arrived (a peer has not received)");
+}
+
+/* Completes a blocking exchange: on a timeout, names the peers whose messages had not come. */
+static dtl_status dtl__mpi_exchange_wait(dtl_comm *c, dtl__mpi_call *k, int nsend, const int *send_peers,
+                                         const size_t *send_counts, int nrecv, const int *recv_peers,
+                                         const size_t *recv_counts) {
+  (void)nsend, (void)send_peers, (void)send_counts;
+  if (!dtl__comm_timed(c)) return dtl__mpi_waitall(c, k->fn, k->nreqs, k->reqs, MPI_STATUSES_IGNORE);
+  dtl__deadline d;
+  dtl__deadline_begin(&d, dtl__comm_timeout_s(c));
+  int rc = dtl__mpi_poll(&d, k->nreqs, k->reqs, MPI_STATUSES_IGNORE);
+  if (rc == MPI_SUCCESS) return DTL_OK;
+  if (rc != DTL__MPI_LATE) return dtl__mpi_error(k->fn, rc);
+  char detail[200];
+  dtl__mpi_missing(c, k->reqs, nrecv, recv_peers, recv_counts, detail, sizeof detail);
+  return dtl__comm_timeout(c, k->fn, &d, detail);
+}
+
 static dtl_status mpi_exchange(dtl_comm *c, int nsend, const int *send_peers, const void *const *send_bufs,
                                const size_t *send_counts, int nrecv, const int *recv_peers, void *const *recv_bufs,
                                const size_t *recv_counts, dtl_dtype t, dtl_request **req) {
   static const char fn[] = "dtl_exchange";
+  DTL__MPI_LIVE(c, fn);
   if (!req) { /* the communicator's requests (4 x size), or more from the heap for messages beyond the limit */
-    dtl__mpi_call k = {.fn = fn, .nonblocking = true, .reqs = dtl__mpi_of(c)->reqs, .reqs_cap = 4 * c->size};
+    dtl__mpi_call k = {.fn = fn, .c = c, .nonblocking = true, .reqs = dtl__mpi_of(c)->reqs, .reqs_cap = 4 * c->size};
     dtl_status st = dtl__mpi_post(c, &k, nsend, send_peers, send_bufs, send_counts, nrecv, recv_peers, recv_bufs,
                                   recv_counts, t);
-    int rc = st == DTL_OK ? MPI_Waitall(k.nreqs, k.reqs, MPI_STATUSES_IGNORE) : MPI_SUCCESS;
+    if (st == DTL_OK) st = dtl__mpi_exchange_wait(c, &k, nsend, send_peers, send_counts, nrecv, recv_peers, recv_counts);
     dtl__free(k.reqs_heap);
-    return st != DTL_OK ? st : rc == MPI_SUCCESS ? DTL_OK : dtl__mpi_error(fn, rc);
+    return st;
   }
   dtl__mpi_request *r = NULL;
   DTL_TRY(dtl__mpi_request_new(c, fn, &r));
@@ -965,7 +1118,9 @@ static dtl_status mpi_exchange(dtl_comm *c, int nsend, const int *send_peers, co
 }
 
 static dtl_status mpi_barrier(dtl_comm *c) {
-  DTL__MPI_CALL("dtl_barrier", MPI_Barrier(dtl__mpi_of(c)->comm));
+  DTL__MPI_LIVE(c, "dtl_barrier");
+  MPI_Comm comm = dtl__mpi_of(c)->comm;
+  DTL__MPI_TIMED(c, "dtl_barrier", MPI_Barrier(comm), MPI_Ibarrier(comm, &req_));
   return DTL_OK;
 }
 
@@ -1058,12 +1213,18 @@ static dtl_status mpi_check(dtl_comm *c) {
   return DTL_OK;
 }
 
+/* MPI has no communicator-local abort: MPI_Abort ends the job (comm.h). It returns only where MPI fails to. */
 static dtl_status mpi_abort(dtl_comm *c) {
-  (void)c; /* MPI has no communicator-local abort; later calls fail through c->aborted. */
-  return DTL_OK;
+  int rc = MPI_Abort(dtl__mpi_of(c)->comm, 1);
+  return rc == MPI_SUCCESS ? DTL_OK : dtl__mpi_error("dtl_comm_abort", rc);
 }
 
-static void mpi_destroy(dtl_comm *c) { dtl__mpi_free(dtl__mpi_of(c)); }
+/* A communicator that timed out keeps its MPI state: MPI may still complete what the timed-out call posted (write
+ * into its scratch, match a late peer's message on its communicator; freeing that communicator under a message
+ * still arriving crashed OpenMPI's receive path), so it is left to the process's end or dtl_comm_abort. */
+static void mpi_destroy(dtl_comm *c) {
+  if (!dtl__comm_dead(c) || c->aborted) dtl__mpi_free(dtl__mpi_of(c));
+}
 
 static dtl_status mpi_synchronize(dtl_comm *c) {
   (void)c;
@@ -1162,32 +1323,70 @@ dtl_status dtl_comm_from_mpi(MPI_Comm comm, dtl_comm **out) {
    * calling this function on, of (failed ? (1 + status, size - rank) : 0) and the fingerprint of the table and the
    * rule and its negation: the peers learn the first failing rank with the worst status, or that the choices
    * differ. */
-  int64_t fp = c ? (int64_t)(dtl__fp_mix(dtl__mpi_of(c)->table.fp, (uint64_t)rpn) >> 1) : 0;
-  int64_t v[3] = {st == DTL_OK ? 0 : (int64_t)(1 + (int)st) << 32 | (int64_t)(size - rank), fp, -fp};
-  int rc = MPI_Allreduce(MPI_IN_PLACE, v, 3, MPI_INT64_T, MPI_MAX, comm);
+  double timeout = c ? dtl__comm_timeout_s(c) : 0;
+  uint64_t tbits = 0;
+  memcpy(&tbits, &timeout, sizeof tbits);
+  int64_t fp = c ? (int64_t)(dtl__fp_mix(dtl__fp_mix(dtl__mpi_of(c)->table.fp, (uint64_t)rpn), tbits) >> 1) : 0;
+  /* The values live on the heap where they can: a timed-out agreement leaves them to MPI (a rank whose
+   * allocation fails agrees from the stack, waiting without a deadline). */
+  int64_t v_stack[3], *v = timeout > 0 ? dtl__malloc(sizeof(int64_t) * 3) : NULL;
+  if (!v) {
+    v = v_stack;
+    timeout = 0;
+  }
+  v[0] = st == DTL_OK ? 0 : (int64_t)(1 + (int)st) << 32 | (int64_t)(size - rank);
+  v[1] = fp;
+  v[2] = -fp;
+  /* Nonblocking on every rank (whatever its DTL_TIMEOUT: MPI never matches a blocking collective with a
+   * nonblocking one), completed under DTL_TIMEOUT where this rank could read it. */
+  MPI_Request vr = MPI_REQUEST_NULL;
+  dtl__deadline d;
+  dtl__deadline_begin(&d, timeout);
+  int rc = MPI_Iallreduce(MPI_IN_PLACE, v, 3, MPI_INT64_T, MPI_MAX, comm, &vr);
+  if (rc == MPI_SUCCESS && (rc = dtl__mpi_poll(&d, 1, &vr, MPI_STATUSES_IGNORE)) == DTL__MPI_LATE) {
+    dtl__free(keys);
+    dtl_comm_destroy(c); /* MPI still holds v: nothing of this call may be used again but the process's exit */
+    if (st != DTL_OK) return st;
+    return dtl__error(DTL_ERR_TIMEOUT, "dtl_comm_from_mpi: timed out after %.3f s (DTL_TIMEOUT=%g) waiting for the "
+                      "other %d ranks of the communicator to call it; this rank is %d", dtl__deadline_waited(&d),
+                      timeout, size - 1, rank);
+  }
+  if (v != v_stack) {
+    memcpy(v_stack, v, sizeof v_stack);
+    dtl__free(v);
+    v = v_stack;
+  }
   if (rc == MPI_SUCCESS && v[0] == 0 && v[1] == -v[2]) {
     /* Every rank got here: each names its node by a key, one all-gather shares the keys. */
     if (size > 1) {
       rc = dtl__mpi_node_key(dtl__mpi_of(c)->comm, rpn, &keys[rank]);
-      if (rc == MPI_SUCCESS)
-        rc = MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, keys, 1, MPI_INT, dtl__mpi_of(c)->comm);
-      if (rc == MPI_SUCCESS) dtl__comm_set_node_keys(c, keys, keys + size);
-      dtl__free(keys);
+      st = rc == MPI_SUCCESS ? DTL_OK : dtl__mpi_error("dtl_comm_from_mpi", rc);
+      MPI_Comm dc = dtl__mpi_of(c)->comm;
+      if (st == DTL_OK && timeout > 0) {
+        rc = MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, keys, 1, MPI_INT, dc, &vr);
+        st = rc == MPI_SUCCESS ? dtl__mpi_waitall(c, "dtl_comm_from_mpi", 1, &vr, MPI_STATUSES_IGNORE)
+                               : dtl__mpi_error("dtl_comm_from_mpi", rc);
+      } else if (st == DTL_OK) {
+        rc = MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, keys, 1, MPI_INT, dc);
+        if (rc != MPI_SUCCESS) st = dtl__mpi_error("dtl_comm_from_mpi", rc);
+      }
+      if (st == DTL_OK) dtl__comm_set_node_keys(c, keys, keys + size);
+      if (st != DTL_ERR_TIMEOUT) dtl__free(keys); /* after a timeout MPI may still write into it */
     }
-    if (rc == MPI_SUCCESS) {
+    if (st == DTL_OK) {
       *out = c;
       return DTL_OK;
     }
     dtl_comm_destroy(c);
-    return dtl__mpi_error("dtl_comm_from_mpi", rc);
+    return st;
   }
   dtl__free(keys);
   dtl_comm_destroy(c);
   if (st != DTL_OK) return st;
   if (rc != MPI_SUCCESS) return dtl__mpi_error("dtl_comm_from_mpi", rc);
   if (v[0] == 0)
-    return dtl__error(DTL_ERR_MISMATCH, "dtl_comm_from_mpi: DTL_ALGO, DTL_ALGO_TABLE, DTL_PROFILE or DTL_RANKS_PER_NODE "
-                      "differs between the ranks (every rank must choose its algorithms and nodes alike)");
+    return dtl__error(DTL_ERR_MISMATCH, "dtl_comm_from_mpi: DTL_ALGO, DTL_ALGO_TABLE, DTL_PROFILE, DTL_RANKS_PER_NODE "
+                      "or DTL_TIMEOUT differs between the ranks (every rank must choose its algorithms and nodes alike)");
   dtl_status theirs = (dtl_status)((v[0] >> 32) - 1);
   return dtl__error(theirs, "dtl_comm_from_mpi: rank %d failed (%s; its dtl_last_error says why), so no rank went on",
                     size - (int)(v[0] & 0xffffffff), dtl_status_name(theirs));

@@ -8,6 +8,7 @@
  * algorithm. */
 #include <limits.h>
 #include <string.h>
+#include "comm/deadline.h"
 #include "comm/mpi_algo.h"
 #include "common/half.h"
 
@@ -210,8 +211,7 @@ static dtl_status dtl__exchange(dtl__algo_ctx *x, const char *fn) {
     x->nreqs = 0;
     DTL_TRY(dtl__post_round(x, fn, j, &any));
     if (!any) break;
-    int rc = MPI_Waitall(x->nreqs, x->reqs, MPI_STATUSES_IGNORE);
-    if (rc != MPI_SUCCESS) return dtl__mpi_error(fn, rc);
+    DTL_TRY(dtl__mpi_waitall(x->c, fn, x->nreqs, x->reqs, MPI_STATUSES_IGNORE));
   }
   x->nreqs = 0;
   x->nx = 0;
@@ -321,17 +321,39 @@ static dtl_status dtl__gather_step(dtl__algo_ctx *x, const char *fn, void *recv,
  * k, so that both ranks of a pair meet in the same step (this rank's own block stays). */
 static dtl_status dtl__a2a_replace(dtl__algo_ctx *x, const char *fn, void *buf, const size_t *o, const size_t *c) {
   int r = x->rank, p = x->size;
-  for (int k = 0; k < p; k++) {
+  /* Under a deadline each exchange is an Isend from the block and an Irecv into a bounce buffer of the largest
+   * piece, completed under the deadline: the same messages as MPI_Sendrecv_replace's, so peers without a
+   * deadline match them. Without room for the bounce it keeps MPI_Sendrecv_replace (no deadline then). */
+  size_t most = 0;
+  for (int q = 0; q < p; q++) {
+    size_t m = q == r ? 0 : c[q] < x->limit ? c[q] : x->limit;
+    if (m > most) most = m;
+  }
+  char *bounce = dtl__comm_timed(x->c) && most ? dtl__malloc(most * x->es) : NULL;
+  dtl_status st = DTL_OK;
+  for (int k = 0; k < p && st == DTL_OK; k++) {
     int q = ((k - r) % p + p) % p;
     if (q == r) continue;
-    for (size_t at = 0; at < c[q]; at += x->limit) {
+    for (size_t at = 0; at < c[q] && st == DTL_OK; at += x->limit) {
       size_t m = c[q] - at < x->limit ? c[q] - at : x->limit;
-      int rc = MPI_Sendrecv_replace(dtl__at(buf, o[q] + at, x->es), (int)m, x->dt, q, x->tag, q, x->tag, x->comm,
-                                    MPI_STATUS_IGNORE);
-      if (rc != MPI_SUCCESS) return dtl__mpi_error(fn, rc);
+      char *b = dtl__at(buf, o[q] + at, x->es);
+      if (!bounce) {
+        int rc = MPI_Sendrecv_replace(b, (int)m, x->dt, q, x->tag, q, x->tag, x->comm, MPI_STATUS_IGNORE);
+        if (rc != MPI_SUCCESS) st = dtl__mpi_error(fn, rc);
+        continue;
+      }
+      MPI_Request rq[2];
+      int rc = MPI_Irecv(bounce, (int)m, x->dt, q, x->tag, x->comm, &rq[0]);
+      if (rc == MPI_SUCCESS && (rc = MPI_Isend(b, (int)m, x->dt, q, x->tag, x->comm, &rq[1])) != MPI_SUCCESS) {
+        MPI_Cancel(&rq[0]);
+        MPI_Request_free(&rq[0]);
+      }
+      if (rc != MPI_SUCCESS) st = dtl__mpi_error(fn, rc);
+      else if ((st = dtl__mpi_waitall(x->c, fn, 2, rq, MPI_STATUSES_IGNORE)) == DTL_OK) memcpy(b, bounce, m * x->es);
     }
   }
-  return DTL_OK;
+  if (st == DTL_OK || !dtl__comm_dead(x->c)) dtl__free(bounce); /* after a timeout MPI may still write into it */
+  return st;
 }
 
 static dtl_status dtl__all_to_all(dtl__algo_ctx *x, const dtl__algo_call *a, dtl__algo_after *f) {
@@ -481,8 +503,7 @@ static dtl_status dtl__chain(dtl__algo_ctx *x, const dtl__algo_call *a) {
     st = dtl__exchange(x, a->fn);
     if (st == DTL_OK && r == root && root != last && g >= 1) {
       if (open == cap) { /* the window is full: the oldest receive first */
-        int rc = MPI_Wait(&x->window[oldest], MPI_STATUS_IGNORE);
-        if (rc != MPI_SUCCESS) st = dtl__mpi_error(a->fn, rc);
+        st = dtl__mpi_waitall(x->c, a->fn, 1, &x->window[oldest], MPI_STATUSES_IGNORE);
         oldest = (oldest + 1) % cap;
         open--;
       }
@@ -495,9 +516,9 @@ static dtl_status dtl__chain(dtl__algo_ctx *x, const dtl__algo_call *a) {
       dtl__fold(r == last && root == last ? dtl__at(a->recv, at, es) : buf[g % 2], buf[g % 2], 0,
                 dtl__at(a->send, at, es), 0, 2, m, x->t, x->op);
   }
-  for (; open > 0; open--, oldest = (oldest + 1) % cap) {
-    int rc = MPI_Wait(&x->window[oldest], MPI_STATUS_IGNORE);
-    if (rc != MPI_SUCCESS && st == DTL_OK) st = dtl__mpi_error(a->fn, rc);
+  for (; open > 0 && !dtl__comm_dead(x->c); open--, oldest = (oldest + 1) % cap) {
+    dtl_status ws = dtl__mpi_waitall(x->c, a->fn, 1, &x->window[oldest], MPI_STATUSES_IGNORE);
+    if (st == DTL_OK) st = ws;
   }
   if (st == DTL_OK && r == root && x->op == DTL_AVG) dtl__divide(a->recv, n, x->t, p);
   return st;

@@ -103,6 +103,7 @@ typedef struct {
  * pieces at once (reqs grows into reqs_heap, which the request frees) and leaves its completion to
  * dtl__algo_finish. x and offs are the communicator's (2 x size each), used only while a call posts. */
 typedef struct {
+  dtl_comm *c; /* whose deadline a blocking call's waits keep (dtl__mpi_waitall) */
   MPI_Comm comm;
   int rank, size, tag;
   size_t limit; /* the most elements one MPI call moves (INT_MAX; tests lower it) */
@@ -123,6 +124,9 @@ typedef struct {
 
 /* The transport's message for a failed MPI call (mpi.c). */
 dtl_status dtl__mpi_error(const char *fn, int rc);
+/* Completes n requests (sts may be MPI_STATUSES_IGNORE): MPI_Waitall, or under c's deadline MPI_Testall polled
+ * with back-off until DTL_ERR_TIMEOUT (mpi.c). Every blocking wait of the MPI transport is this one. */
+dtl_status dtl__mpi_waitall(dtl_comm *c, const char *fn, int n, MPI_Request *reqs, MPI_Status *sts);
 
 /* What completes a call once its transfers are done, in this order: the rank-order fold of size blocks into
  * fold_out (block q is fold_own for q == rank, else fold_others + slot(q) x fold_stride bytes, slot skipping

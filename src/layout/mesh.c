@@ -144,6 +144,7 @@ static dtl_status dtl__mesh_split_dims(const char *fn, dtl_mesh *m) {
     for (int e = 0; e < m->ndim; e++) color = color * m->shape[e] + (e == d ? 0 : m->coord[e]);
     dtl_status st = dtl_comm_split(m->comm, color, m->coord[d], &m->dim_comm[d]);
     if (st != DTL_OK) return dtl__error_prefix(st, "%s: splitting mesh dim %d", fn, d);
+    m->dim_comm[d]->mesh_dim = d; /* named in timeout messages */
   }
   return DTL_OK;
 }

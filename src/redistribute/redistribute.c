@@ -187,17 +187,14 @@ static dtl_status dtl__pair_agree(const char *fn, const dtl_layout *src, const d
   if (sm == dm) return sm->comm ? dtl__agree_checked(sm->comm, fn, 0, local) : local;
   dtl_comm *c = sm->parent;
   if (!c->check) return local;
-  int *group = dtl__malloc(sizeof(int) * (size_t)c->size), n = 0;
-  if (!group) return local; /* cannot name the peers: this rank returns alone */
+  int *group = c->agree_ranks, n = 0; /* acquired with the communicator: taking part never allocates */
   for (int r = 0; r < c->size; r++) {
     bool in = false;
     for (int i = 0; i < sm->size && !in; i++) in = dtl__mesh_parent_rank(sm, i) == r;
     for (int i = 0; i < dm->size && !in; i++) in = dtl__mesh_parent_rank(dm, i) == r;
     if (in) group[n++] = r;
   }
-  dtl_status st = dtl__agree_among(c, n, group, fn, 0, local);
-  dtl__free(group);
-  return st;
+  return dtl__agree_among(c, n, group, fn, 0, local);
 }
 
 static dtl_status dtl__require_comm(const char *fn, const dtl_layout *l) {

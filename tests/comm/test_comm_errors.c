@@ -282,19 +282,6 @@ static void engine_errors_return_as_status_not_abort(void) {
   CHECK_OK(dtl_barrier(comm));
 }
 
-static void aborted_communicator_refuses_further_calls(void) {
-  dtl_comm *c = NULL;
-  CHECK_OK(dtl_comm_from_mpi(MPI_COMM_WORLD, &c));
-  if (!c) return;
-  CHECK_OK(dtl_comm_abort(c));
-  EXPECT_FAIL(dtl_all_reduce(c, sbuf, rbuf, 1, DTL_FLOAT32, DTL_SUM), DTL_ERR_COMM, "dtl_all_reduce", "aborted");
-  EXPECT_FAIL(dtl_barrier(c), DTL_ERR_COMM, "dtl_barrier", "aborted");
-  dtl_comm *sub = NULL;
-  EXPECT_FAIL(dtl_comm_split(comm, -1, 0, &sub), INVALID, "dtl_comm_split", "color=-1");
-  CHECK(sub == NULL, "a failed split stored a communicator");
-  dtl_comm_destroy(c);
-}
-
 int main(int argc, char **argv) {
   dt_init(&argc, &argv);
   if (dt_size > 64) return dt_skip("the count tables hold at most 64 ranks");
@@ -313,7 +300,6 @@ int main(int argc, char **argv) {
   RUN(all_gatherv_send_count_must_match_its_own_entry);
   RUN(nonblocking_calls_check_their_request_arguments);
   RUN(engine_errors_return_as_status_not_abort);
-  RUN(aborted_communicator_refuses_further_calls);
   dtl_comm_destroy(self);
   dtl_comm_destroy(comm);
   return dt_finish();

@@ -297,7 +297,7 @@ static void different_profiles_on_different_ranks_fail_every_rank(void) {
   snprintf(t, sizeof t, "dtl-profile 1\nengine mpi\nranks %d\ncost alpha=%s\n", size, rank == size - 1 ? "2e-6" : "1e-6");
   use_profile(t);
   dtl_comm *c = NULL;
-  CHECK_ERROR(comm_with_profile(&c), DTL_ERR_MISMATCH, "DTL_PROFILE or DTL_RANKS_PER_NODE differs between the ranks");
+  CHECK_ERROR(comm_with_profile(&c), DTL_ERR_MISMATCH, "DTL_PROFILE, DTL_RANKS_PER_NODE or DTL_TIMEOUT differs between the ranks");
   CHECK(c == NULL, "a refused communicator was stored");
   unsetenv("DTL_PROFILE");
 }

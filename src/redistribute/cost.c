@@ -260,7 +260,7 @@ static int dtl__extent_set(int64_t n, const int *ks, int nk, int64_t *out) {
 
 /* The distinct extents of tensor dim d under p, split by every sharding mesh dim except skip. */
 static int dtl__extents(const dtl_layout *g, const dtl_placement *p, int d, int skip, int64_t *set) {
-  int ks[DTL_MAX_MESH_DIMS], nk = 0;
+  int ks[DTL_MAX_MESH_DIMS] = {0}, nk = 0;
   for (int md = 0; md < g->mesh->ndim; md++)
     if (md != skip && p[md].kind == DTL_SHARD && p[md].dim == d) ks[nk++] = g->mesh->shape[md];
   return dtl__extent_set(g->shape[d], ks, nk, set);

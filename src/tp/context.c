@@ -60,7 +60,7 @@ dtl_status dtl_tp_context_create(const dtl_mesh *mesh, int tp_dim, const dtl_tp_
   dtl_tp_context *c = NULL;
   dtl_status st = out ? dtl__tp_context_build(mesh, tp_dim, opt, &c)
                       : dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "out=NULL");
-  st = dtl__agree(mesh->comm, fn, st == DTL_OK ? dtl__tp_fp(c, fn, 0, 0, 0, 0) : 0, st);
+  st = dtl__agree(mesh->comm, fn, st == DTL_OK ? DTL__TP_FP(c, fn, 0) : 0, st);
   if (st != DTL_OK) {
     dtl_tp_context_destroy(c);
     return st;

@@ -7,6 +7,7 @@ BUILD_ASAN  ?= build-asan
 BUILD_MPICH ?= build-mpich
 BUILD_TSAN  ?= build-tsan
 BUILD_FUZZ  ?= build-fuzz
+BUILD_RELEASE ?= build-release
 PREFIX      ?= /usr/local
 NP          ?= 4
 JOBS        ?= $(shell nproc 2>/dev/null || echo 2)
@@ -25,6 +26,7 @@ SUBMAKE     := $(MAKE) --no-print-directory
 export DTL_NO_INSTALL
 
 .PHONY: all setup configure build demo test test-fast test-asan test-tsan test-fuzz test-valgrind test-mpich gpu-check bench
+.PHONY: check-release
 .PHONY: install clean
 
 all: build
@@ -67,6 +69,12 @@ test-asan:
 	cmake -S . -B $(BUILD_ASAN) -DCMAKE_BUILD_TYPE=Debug -DDTL_SANITIZE=ON -DDTL_WITH_CUDA=OFF $(CMAKE_FLAGS)
 	cmake --build $(BUILD_ASAN) -j $(JOBS)
 	cd $(BUILD_ASAN) && ctest --output-on-failure -j $(JOBS) -L sanitize
+
+# The Release build (-O3, with the CUDA backend when the toolkit is found) with every warning an error: the
+# optimiser's flow analysis (-Wmaybe-uninitialized) sees what the RelWithDebInfo build does not.
+check-release:
+	cmake -S . -B $(BUILD_RELEASE) -DCMAKE_BUILD_TYPE=Release -DCMAKE_C_FLAGS=-Werror $(CMAKE_FLAGS)
+	cmake --build $(BUILD_RELEASE) -j $(JOBS)
 
 # ThreadSanitizer: a CPU-only build of the library and the tests labelled tsan only.
 test-tsan:
@@ -117,4 +125,4 @@ install: build
 	cmake --install $(BUILD) --prefix $(PREFIX)
 
 clean:
-	rm -rf $(BUILD) $(BUILD_ASAN) $(BUILD_MPICH) $(BUILD_TSAN) $(BUILD_FUZZ)
+	rm -rf $(BUILD) $(BUILD_ASAN) $(BUILD_MPICH) $(BUILD_TSAN) $(BUILD_FUZZ) $(BUILD_RELEASE)

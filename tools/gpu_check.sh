@@ -3,9 +3,10 @@
 # make gpu-check: everything that needs a GPU, in one go, on a CUDA build BUILD: the tests labelled gpu
 # (device kernels, NCCL at world size 1, cuBLAS GEMMs, every TP layer on device, and gpu_examples: the
 # examples' flows on an NCCL communicator of one rank), then the bandwidth of dtl's pack/copy and fill
-# kernels next to cudaMemcpy/cudaMemset. Prints one summary; exits non-zero on any failure (a gpu test that
-# skips while a device is visible counts as one), and 0 with "SKIP: no GPU" when there is no device (the
-# parts that need none still run). Bounded to 9 minutes.
+# kernels next to cudaMemcpy/cudaMemset. Prints one summary; exits non-zero on any failure, and 0 with
+# "SKIP: no GPU" when there is no device (the parts that need none still run). A gpu test that skips while a
+# device is visible (one that needs two devices, say) is no failure: the summary counts and lists it with its
+# reason. Bounded to 9 minutes.
 set -uo pipefail
 build=${1:?usage: gpu_check.sh BUILD}
 t0=$(date +%s)
@@ -45,16 +46,18 @@ bw_rc=$?
 
 status() { [ "$1" = 0 ] && echo ok || echo FAIL; }
 fail=0
-[ "$ctest_rc" = 0 ] && [ "$failed" = 0 ] && [ "$skipped" = 0 ] || fail=1
+[ "$ctest_rc" = 0 ] && [ "$failed" = 0 ] || fail=1
 [ "$bw_rc" = 0 ] || fail=1
 echo
 echo "== gpu-check summary ($(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(($(date +%s) - t0)) s)"
-printf '%-44s %s\n' "ctest -L gpu" "$(status $((ctest_rc + failed + skipped))): $passed passed, $failed failed, $skipped skipped (log: $log/ctest.log)"
+printf '%-44s %s\n' "ctest -L gpu" "$(status $((ctest_rc + failed))): $passed passed, $failed failed, $skipped skipped (log: $log/ctest.log)"
 printf '%-44s %s\n' "examples on an NCCL comm of one rank" "${examples:-missing} (gpu_examples_np1)"
 printf '%-44s %s\n' "pack/copy/fill kernels vs cudaMemcpy/Memset" "$(status $bw_rc) (log: $log/bandwidth.log)"
 sed 's/^/    /' "$log/bandwidth.log"
+# Skips are shown (their tests' skip reasons are in the log) but pass.
+[ "$skipped" = 0 ] || grep -E '\*\*\*Skipped' "$log/ctest.log" | sed 's/^/    /'
 if [ "$fail" != 0 ]; then
-  grep -E '\*\*\*(Failed|Skipped|Timeout|Exception)|Not Run' "$log/ctest.log" | sed 's/^/    /'
+  grep -E '\*\*\*(Failed|Timeout|Exception)|Not Run' "$log/ctest.log" | sed 's/^/    /'
   echo "gpu-check: FAIL"
   exit 1
 fi

@@ -135,8 +135,10 @@ DTL_API dtl_status dtl_cp_ring_attention(dtl_cp_context *ctx, const dtl_cp_atten
 
 /* All-to-all (DeepSpeed-Ulysses) attention: one dtl_all_to_allv sends each rank the columns of its heads
  * (dtl_cp_ulysses_heads) for this rank's tokens, each rank attends its heads over all T tokens (in global
- * order), and one dtl_all_to_allv returns the outputs (a second, of f32, returns lse when asked). Heads that
- * do not split by the rule are DTL_ERR_INVALID_ARGUMENT naming the numbers. */
+ * order), and one dtl_all_to_allv returns the outputs; a second, of f32, returns lse on every call (lse NULL
+ * only skips writing it: a rank without tokens passes NULL for its empty buffers, and the collectives a rank
+ * enters never depend on that). Heads that do not split by the rule are DTL_ERR_INVALID_ARGUMENT naming the
+ * numbers. */
 DTL_API dtl_status dtl_cp_ulysses_attention(dtl_cp_context *ctx, const dtl_cp_attention_params *p, const void *q,
                                             const void *k, const void *v, void *out, float *lse);
 /* The heads this rank attends in dtl_cp_ulysses_attention: the TP head rule over the CP group

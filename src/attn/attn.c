@@ -8,7 +8,7 @@
 #include <stdint.h>
 #include <string.h>
 #include "attn/attn.h"
-#include "layout/layout_internal.h"
+#include "common/chunk.h"
 
 /* The scores one pass holds at most (floats), on either side. */
 #define DTL__ATTN_SCORE_FLOATS (((int64_t)64 << 20) / (int64_t)sizeof(float))

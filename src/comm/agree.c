@@ -20,6 +20,11 @@ uint64_t dtl__fp_sizes(uint64_t h, const size_t *v, int n) {
   return h;
 }
 
+uint64_t dtl__fp_i64s(uint64_t h, const int64_t *v, int n) {
+  for (int i = 0; i < n; i++) h = dtl__fp_mix(h, (uint64_t)v[i]);
+  return h;
+}
+
 uint64_t dtl__fp_str(uint64_t h, const char *s) {
   uint64_t w = 1469598103934665603ull;
   for (; *s; s++) w = (w ^ (unsigned char)*s) * 1099511628211ull;

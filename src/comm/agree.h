@@ -78,6 +78,8 @@ static inline uint64_t dtl__fp_mix(uint64_t h, uint64_t v) {
 uint64_t dtl__fp_double(uint64_t h, double v);
 /* Mixes n size_t values (NULL mixes a marker: the argument check reports it). */
 uint64_t dtl__fp_sizes(uint64_t h, const size_t *v, int n);
+/* Mixes n int64 values, each one alone (so that no two arguments can trade places, as in a product). */
+uint64_t dtl__fp_i64s(uint64_t h, const int64_t *v, int n);
 /* Mixes a string (a function name, say). */
 uint64_t dtl__fp_str(uint64_t h, const char *s);
 

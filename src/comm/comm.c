@@ -308,7 +308,7 @@ dtl_status dtl_reduce(dtl_comm *c, const void *send, void *recv, size_t count, d
 /* The argument rules of the collectives that also have a nonblocking form, shared by both entry points. */
 static dtl_status dtl__args_all_gather(const char *fn, dtl_comm *c, const void *send, void *recv, size_t send_count,
                                        dtl_dtype t) {
-  size_t sbytes, rbytes;
+  size_t sbytes = 0, rbytes = 0;
   DTL_TRY(dtl__check_common(fn, c, t));
   DTL_TRY(dtl__check_buf(fn, "send", send, "send_count", send_count, 1, t, &sbytes));
   DTL_TRY(dtl__check_buf(fn, "recv", recv, "send_count", send_count, (size_t)c->size, t, &rbytes));
@@ -318,7 +318,7 @@ static dtl_status dtl__args_all_gather(const char *fn, dtl_comm *c, const void *
 
 static dtl_status dtl__args_all_gatherv(const char *fn, dtl_comm *c, const void *send, size_t send_count, void *recv,
                                         const size_t *recv_counts, dtl_dtype t) {
-  size_t total, before, sbytes, rbytes;
+  size_t total = 0, before = 0, sbytes = 0, rbytes = 0;
   DTL_TRY(dtl__check_common(fn, c, t));
   DTL_TRY(dtl__sum_counts(fn, "recv_counts", c, recv_counts, &total, &before));
   if (recv_counts[c->rank] != send_count)
@@ -342,7 +342,7 @@ static dtl_status dtl__args_all_reduce(const char *fn, dtl_comm *c, const void *
 
 static dtl_status dtl__args_reduce_scatter(const char *fn, dtl_comm *c, const void *send, void *recv,
                                            size_t recv_count, dtl_dtype t, dtl_reduce_op op) {
-  size_t sbytes, rbytes;
+  size_t sbytes = 0, rbytes = 0;
   DTL_TRY(dtl__check_common(fn, c, t));
   DTL_TRY(dtl__check_op(fn, op));
   DTL_TRY(dtl__check_buf(fn, "send", send, "recv_count", recv_count, (size_t)c->size, t, &sbytes));
@@ -362,7 +362,7 @@ static dtl_status dtl__args_all_to_all(const char *fn, dtl_comm *c, const void *
 
 static dtl_status dtl__args_all_to_allv(const char *fn, dtl_comm *c, const void *send, const size_t *send_counts,
                                         void *recv, const size_t *recv_counts, dtl_dtype t) {
-  size_t stotal, rtotal, unused, sbytes, rbytes;
+  size_t stotal = 0, rtotal = 0, unused = 0, sbytes = 0, rbytes = 0;
   DTL_TRY(dtl__check_common(fn, c, t));
   DTL_TRY(dtl__sum_counts(fn, "send_counts", c, send_counts, &stotal, &unused));
   DTL_TRY(dtl__sum_counts(fn, "recv_counts", c, recv_counts, &rtotal, &unused));
@@ -384,7 +384,7 @@ static dtl_status dtl__args_all_to_allv(const char *fn, dtl_comm *c, const void 
 
 static dtl_status dtl__args_reduce_scatterv(const char *fn, dtl_comm *c, const void *send, void *recv,
                                             const size_t *recv_counts, dtl_dtype t, dtl_reduce_op op) {
-  size_t total, before, sbytes, rbytes;
+  size_t total = 0, before = 0, sbytes = 0, rbytes = 0;
   DTL_TRY(dtl__check_common(fn, c, t));
   DTL_TRY(dtl__check_op(fn, op));
   DTL_TRY(dtl__sum_counts(fn, "recv_counts", c, recv_counts, &total, &before));

@@ -472,7 +472,7 @@ static dtl_status mpi_all_gatherv_call(dtl_comm *c, const void *send, size_t sen
   if (a != DTL__ALGO_MPI)
     return dtl__mpi_algo(c, k, (dtl__algo_call){.coll = DTL__COLL_ALL_GATHER, .algo = a, .send = send, .recv = recv,
                                                 .counts = recv_counts}, t, DTL_SUM);
-  int *ic, *id;
+  int *ic = NULL, *id = NULL;
   DTL_TRY(dtl__int_counts(k, c, "recv_counts", recv_counts, NULL, NULL, 0, &ic, &id));
   MPI_Datatype dt = dtl__mpi_type(t);
   MPI_Comm comm = dtl__mpi_of(c)->comm;
@@ -591,7 +591,7 @@ static dtl_status mpi_all_to_allv_call(dtl_comm *c, const void *send, const size
                                                 .send = send, .recv = recv, .counts = send_counts,
                                                 .rcounts = recv_counts, .sdispls = send_displs, .rdispls = recv_displs,
                                                 .in_place = in_place}, t, DTL_SUM);
-  int *sc, *sd, *rc, *rd;
+  int *sc = NULL, *sd = NULL, *rc = NULL, *rd = NULL;
   DTL_TRY(dtl__int_counts(k, c, "send_counts", send_counts, "send_displs", send_displs, 0, &sc, &sd));
   DTL_TRY(dtl__int_counts(k, c, "recv_counts", recv_counts, "recv_displs", recv_displs, 1, &rc, &rd));
   MPI_Datatype dt = dtl__mpi_type(t);
@@ -644,7 +644,7 @@ static dtl_status mpi_reduce_scatterv(dtl_comm *c, const void *send, void *recv,
   if (a != DTL__ALGO_MPI)
     return dtl__mpi_algo(c, &k, (dtl__algo_call){.coll = DTL__COLL_REDUCE_SCATTER, .algo = a, .send = send,
                                                  .recv = recv, .counts = recv_counts}, t, op);
-  int *ic, *id;
+  int *ic = NULL, *id = NULL;
   DTL_TRY(dtl__int_counts(&k, c, "recv_counts", recv_counts, NULL, NULL, 0, &ic, &id));
   const void *s;
   void *r;

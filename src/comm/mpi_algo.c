@@ -242,8 +242,6 @@ static size_t dtl__max_count(const size_t *counts, size_t each, int p) {
   return m;
 }
 
-static char *dtl__at(const void *base, size_t elems, size_t es) { return (char *)base + elems * es; }
-
 /* A chain's segment (elements): 64 KiB at least (or the whole vector), at most 64 segments in all, at most the
  * limit. */
 static size_t dtl__chain_segment(size_t n, size_t es, size_t limit) {

@@ -18,6 +18,9 @@
 #include "comm/profile.h"
 #include "common/quote.h"
 
+/* The largest file dtl__read_text reads (profile.h: at most 1 MiB). */
+#define DTL__TEXT_MAX ((size_t)1 << 20)
+
 dtl_status dtl__read_text(const char *var, const char *path, const char *fn, char **out) {
   char qp[DTL__QUOTE_CAP];
   dtl__quote(path, qp, sizeof qp);
@@ -28,15 +31,23 @@ dtl_status dtl__read_text(const char *var, const char *path, const char *fn, cha
   while (buf) {
     n += fread(buf + n, 1, cap - 1 - n, f);
     if (n < cap - 1) break;
-    char *nb = cap < (1u << 20) ? dtl__realloc(buf, cap * 2) : NULL;
+    /* A full buffer is not yet a long file: one that ends exactly here fits. The last buffer holds
+     * DTL__TEXT_MAX bytes and the NUL, and only a byte past it makes the file too long. */
+    if (n == DTL__TEXT_MAX) {
+      if (fgetc(f) == EOF) break;
+      dtl__free(buf);
+      fclose(f);
+      return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "%s=\"%s\": over 1 MiB", var, qp);
+    }
+    size_t ncap = cap * 2 < DTL__TEXT_MAX + 1 ? cap * 2 : DTL__TEXT_MAX + 1;
+    char *nb = dtl__realloc(buf, ncap);
     if (!nb) {
       dtl__free(buf);
       fclose(f);
-      return cap < (1u << 20) ? dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory")
-                              : dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "%s=\"%s\": over 1 MiB", var, qp);
+      return dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory");
     }
     buf = nb;
-    cap *= 2;
+    cap = ncap;
   }
   bool err = buf && ferror(f);
   fclose(f);

@@ -67,6 +67,13 @@ static inline bool dtl__mul_size(size_t a, size_t b, size_t *out) { return !__bu
 static inline bool dtl__add_size(size_t a, size_t b, size_t *out) { return !__builtin_add_overflow(a, b, out); }
 static inline bool dtl__mul_i64(int64_t a, int64_t b, int64_t *out) { return !__builtin_mul_overflow(a, b, out); }
 
+/* base + elems elements of es bytes, without arithmetic on a NULL base (an empty buffer may be NULL, and NULL + 0
+ * is undefined in C). The one element-offset helper of the transports and the executor; the result is as
+ * writable as the caller's buffer is. */
+static inline char *dtl__at(const void *base, size_t elems, size_t es) {
+  return elems ? (char *)(uintptr_t)base + elems * es : (char *)(uintptr_t)base;
+}
+
 bool dtl__dtype_valid(dtl_dtype t);
 bool dtl__reduce_op_valid(dtl_reduce_op op);
 bool dtl__dtype_is_float(dtl_dtype t);

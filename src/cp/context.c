@@ -229,6 +229,23 @@ dtl_status dtl__cp_rescale(dtl_cp_context *ctx, int64_t rows, int64_t H, int64_t
 }
 
 /* --- what the prefill forms share --------------------------------------------------------------------- */
+int64_t dtl__cp_float_bits(float f) {
+  uint32_t bits = 0;
+  memcpy(&bits, &f, sizeof bits);
+  return (int64_t)bits;
+}
+
+void dtl__cp_prefill_fp(const dtl_cp_attention_params *p, int64_t v[DTL__CP_PREFILL_FP]) {
+  if (!p) {
+    memset(v, 0, sizeof(int64_t) * DTL__CP_PREFILL_FP);
+    return;
+  }
+  const int64_t f[DTL__CP_PREFILL_FP] = {(int64_t)p->mask, (int64_t)p->flags, p->tokens, p->q_heads, p->kv_heads,
+                                         p->head_dim, (int64_t)p->layout,
+                                         p->mask & DTL_CP_SCALE ? dtl__cp_float_bits(p->scale) : 0};
+  memcpy(v, f, sizeof f);
+}
+
 dtl_status dtl__cp_attention_args(const dtl_cp_context *ctx, const char *fn, const dtl_cp_attention_params *p,
                                   const void *q, const void *k, const void *v, const void *out, dtl__cp_args *a) {
   DTL_CHECK_ARG(ctx != NULL, fn, "ctx=NULL");

@@ -119,14 +119,17 @@ double dtl__cp_now(void);
 
 /* The agreement of a CP entry point under DTL_CHECK (agree.h), after its checks and scratch and before its
  * first transfer: one rank's bad argument or failed allocation fails every rank instead of leaving the
- * others in the ring or the merge. fp mixes the call's name and the sizes every rank must pass alike. */
-static inline dtl_status dtl__cp_agree(dtl_cp_context *ctx, const char *fn, int64_t a, int64_t b, int64_t c, int64_t d,
-                                       dtl_status local) {
-  return dtl__agree_checked(ctx->comm, fn,
-                            dtl__fp_mix(dtl__fp_mix(dtl__fp_mix(dtl__fp_mix(dtl__fp_str(0, fn), (uint64_t)a), (uint64_t)b),
-                                                    (uint64_t)c),
-                                        (uint64_t)d),
-                            local);
+ * others in the ring or the merge. The fingerprint mixes the call's name and the n values v[0..n), each one
+ * alone: every argument that shapes the call and must be alike on every rank. */
+static inline dtl_status dtl__cp_agree(dtl_cp_context *ctx, const char *fn, int n, const int64_t *v, dtl_status local) {
+  if (!ctx->comm->check) return local;
+  return dtl__agree(ctx->comm, fn, dtl__fp_i64s(dtl__fp_str(0, fn), v, n), local);
 }
+/* The values of a prefill call (ring, Ulysses) that every rank must pass alike, for dtl__cp_agree: mask, flags,
+ * tokens, heads, head_dim, layout and the scale's bits when given (all 0 for NULL params: the call fails). */
+#define DTL__CP_PREFILL_FP 8
+void dtl__cp_prefill_fp(const dtl_cp_attention_params *p, int64_t v[DTL__CP_PREFILL_FP]);
+/* The bits of a float, for a fingerprint. */
+int64_t dtl__cp_float_bits(float f);
 
 #endif

@@ -51,9 +51,12 @@ dtl_status dtl_cp_decode_attention(dtl_cp_context *ctx, const dtl_cp_decode_para
   DTL_CHECK_ARG(ctx != NULL, fn, "ctx=NULL");
   dtl__attn_shape s;
   dtl_status ready = dtl__cp_decode_prepare(ctx, fn, p, q, k_cache, v_cache, out, &s);
-  /* kv_tokens differs between ranks by design: not part of what must agree. */
-  DTL_TRY(dtl__cp_agree(ctx, fn, p ? p->tokens : 0, p ? p->q_heads : 0, p ? p->kv_heads * p->head_dim : 0,
-                        p ? p->q_pos0 * 2 + (p->flags & DTL_CP_CAUSAL ? 1 : 0) : 0, ready));
+  /* kv_tokens, kv_pos0 and kv_pos differ between ranks by design (each holds its part of the cache): not part
+   * of what must agree. Whether positions are given (a mask bit) and everything else that shapes the call is. */
+  const int64_t fp[] = {p ? (int64_t)p->mask : 0, p ? (int64_t)p->flags : 0, p ? p->tokens : 0,
+                        p ? p->q_heads : 0, p ? p->kv_heads : 0, p ? p->head_dim : 0, p ? p->q_pos0 : 0,
+                        p && (p->mask & DTL_CP_SCALE) ? dtl__cp_float_bits(p->scale) : 0};
+  DTL_TRY(dtl__cp_agree(ctx, fn, (int)(sizeof fp / sizeof *fp), fp, ready));
   const int64_t T = p->tokens, qh = p->q_heads, D = p->head_dim, qw = qh * D;
   float *part = ctx->ws[DTL__CP_WS_PART], *part_lse = ctx->ws[DTL__CP_WS_LSE2];
   DTL_TRY(dtl__cp_attend(ctx, &s, q, k_cache, v_cache, part, part_lse, ctx->ws[DTL__CP_WS_CORE],

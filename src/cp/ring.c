@@ -118,8 +118,9 @@ dtl_status dtl_cp_ring_attention(dtl_cp_context *ctx, const dtl_cp_attention_par
   dtl__cp_args a;
   int64_t nmax = 0, cmax = 0;
   dtl_status ready = dtl__cp_ring_prepare(ctx, fn, p, q, k, v, out, &a, &nmax, &cmax);
-  DTL_TRY(dtl__cp_agree(ctx, fn, p ? p->tokens : 0, p ? p->q_heads : 0, p ? p->kv_heads * p->head_dim : 0,
-                        p ? (int64_t)p->layout * 2 + (p->flags & DTL_CP_CAUSAL ? 1 : 0) : 0, ready));
+  int64_t fp[DTL__CP_PREFILL_FP];
+  dtl__cp_prefill_fp(p, fp);
+  DTL_TRY(dtl__cp_agree(ctx, fn, DTL__CP_PREFILL_FP, fp, ready));
   const int P = ctx->size, r = ctx->rank;
 
   memset(&ctx->stats, 0, sizeof ctx->stats);

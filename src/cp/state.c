@@ -111,6 +111,7 @@ dtl_status dtl_cp_state_reduce(dtl_cp_context *ctx, int64_t T, int64_t H, int64_
   static const char fn[] = "dtl_cp_state_reduce";
   DTL_CHECK_ARG(ctx != NULL, fn, "ctx=NULL");
   dtl_status ready = dtl__cp_state_reduce_prepare(ctx, fn, T, H, D, o, lse, out_placement, out);
-  DTL_TRY(dtl__cp_agree(ctx, fn, T, H, D, out_placement.kind * 64 + out_placement.dim, ready));
+  const int64_t fp[] = {T, H, D, out_placement.kind, out_placement.kind == DTL_SHARD ? out_placement.dim : 0};
+  DTL_TRY(dtl__cp_agree(ctx, fn, (int)(sizeof fp / sizeof *fp), fp, ready));
   return dtl__cp_state_reduce(ctx, fn, T, H, D, o, H * D, false, lse, out_placement.kind == DTL_SHARD, out, out_lse);
 }

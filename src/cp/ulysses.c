@@ -2,7 +2,8 @@
 /* All-to-all (DeepSpeed-Ulysses) context parallelism: one all-to-all turns this rank's tokens of every head
  * into every token of this rank's heads (the TP head rule over the CP group, kv heads replicated when the
  * group is larger than their number), attention over the whole sequence in global token order, and one
- * all-to-all back (a second, of f32, for lse when asked). */
+ * all-to-all back, and a second, of f32, for lse (on every call: a rank without tokens cannot tell whether its
+ * peers asked for it). */
 #include "cp/cp_internal.h"
 
 dtl_status dtl_cp_ulysses_heads(const dtl_cp_context *ctx, int64_t q_heads, int64_t kv_heads, dtl_cp_range *q,
@@ -40,8 +41,7 @@ static dtl_status dtl__cp_by_segments(dtl_cp_context *ctx, const dtl__cp_args *a
 
 /* The checks and the scratch of a Ulysses call: *mq and *mk this rank's heads, *s its core call. */
 static dtl_status dtl__cp_ulysses_prepare(dtl_cp_context *ctx, const char *fn, const dtl_cp_attention_params *p,
-                                          const void *q, const void *k, const void *v, void *out, float *lse,
-                                          dtl__cp_args *ap, dtl__attn_range *mqp, dtl__attn_range *mkp,
+                                          const void *q, const void *k, const void *v, void *out, dtl__cp_args *ap, dtl__attn_range *mqp, dtl__attn_range *mkp,
                                           dtl__attn_shape *sp) {
   DTL_TRY(dtl__cp_attention_args(ctx, fn, p, q, k, v, out, ap));
   const dtl__cp_args a = *ap;
@@ -64,8 +64,8 @@ static dtl_status dtl__cp_ulysses_prepare(dtl_cp_context *ctx, const char *fn, c
   const dtl__cp_ws slots[] = {DTL__CP_WS_KV0, DTL__CP_WS_KV1, DTL__CP_WS_ACC, DTL__CP_WS_PART,
                               DTL__CP_WS_LSE, DTL__CP_WS_LSE2, DTL__CP_WS_LSE3, DTL__CP_WS_CORE};
   const size_t bytes[] = {(size_t)(n * out_cols) * e, (size_t)(T * w) * e, (size_t)(T * w) * e,
-                          (size_t)(T * mq.count * D) * e, lse ? (size_t)(T * mq.count) * f : 0,
-                          lse ? (size_t)(T * mq.count) * f : 0, lse ? (size_t)(n * a.qh) * f : 0,
+                          (size_t)(T * mq.count * D) * e, (size_t)(T * mq.count) * f, (size_t)(T * mq.count) * f,
+                          (size_t)(n * a.qh) * f,
                           dtl__cp_attend_scratch(ctx, &s)};
   *sp = s;
   return dtl__cp_scratch(ctx, fn, 8, slots, bytes);
@@ -78,9 +78,10 @@ dtl_status dtl_cp_ulysses_attention(dtl_cp_context *ctx, const dtl_cp_attention_
   dtl__cp_args a;
   dtl__attn_range mq = {0, 0}, mk = {0, 0};
   dtl__attn_shape s;
-  dtl_status ready = dtl__cp_ulysses_prepare(ctx, fn, p, q, k, v, out, lse, &a, &mq, &mk, &s);
-  DTL_TRY(dtl__cp_agree(ctx, fn, p ? p->tokens : 0, p ? p->q_heads : 0, p ? p->kv_heads * p->head_dim : 0,
-                        p ? (int64_t)p->layout * 2 + (p->flags & DTL_CP_CAUSAL ? 1 : 0) : 0, ready));
+  dtl_status ready = dtl__cp_ulysses_prepare(ctx, fn, p, q, k, v, out, &a, &mq, &mk, &s);
+  int64_t fp[DTL__CP_PREFILL_FP];
+  dtl__cp_prefill_fp(p, fp);
+  DTL_TRY(dtl__cp_agree(ctx, fn, DTL__CP_PREFILL_FP, fp, ready));
   const int P = ctx->size;
   const int64_t D = a.D, T = a.T, n = a.n, w = (mq.count + 2 * mk.count) * D;
   size_t e = ctx->elem, f = sizeof(float);
@@ -120,7 +121,10 @@ dtl_status dtl_cp_ulysses_attention(dtl_cp_context *ctx, const dtl_cp_attention_
     DTL_TRY(dtl__cp_by_segments(ctx, &a, j, e, mk.count * D, true, at, fv));
     at += (size_t)(nj * mk.count * D) * e;
   }
-  DTL_TRY(dtl__cp_attend(ctx, &s, fq, fk, fv, o, lse ? l : NULL, ctx->ws[DTL__CP_WS_CORE],
+  /* lse is computed and returned whether this rank asked for it or not: a rank that holds no token may pass
+   * lse = NULL (it has no element), and it cannot tell whether its peers want the lse of its heads, so that the
+   * lse exchange below runs on every call, never on an optional output's say. */
+  DTL_TRY(dtl__cp_attend(ctx, &s, fq, fk, fv, o, l, ctx->ws[DTL__CP_WS_CORE],
                          ctx->ws_bytes[DTL__CP_WS_CORE]));
 
   /* Heads -> tokens: to rank j its rows of this rank's heads; from rank i this rank's rows of i's heads. */
@@ -132,18 +136,16 @@ dtl_status dtl_cp_ulysses_attention(dtl_cp_context *ctx, const dtl_cp_attention_
     int64_t nj = dtl__cp_rows(&a, P, j);
     DTL_TRY(dtl__cp_by_segments(ctx, &a, j, e, mq.count * D, false, o, at));
     at += (size_t)(nj * mq.count * D) * e;
-    if (lse) DTL_TRY(dtl__cp_by_segments(ctx, &a, j, f, mq.count, false, l, lat));
+    DTL_TRY(dtl__cp_by_segments(ctx, &a, j, f, mq.count, false, l, lat));
     lat += (size_t)(nj * mq.count) * f;
     sc[j] = (size_t)(nj * mq.count * D);
     rc[j] = (size_t)(n * qj.count * D);
   }
   st = dtl_all_to_allv(ctx->comm, recv, sc, send, rc, ctx->dtype);
   if (st != DTL_OK) return dtl__error_prefix(st, "%s: heads to tokens", fn);
-  if (lse) {
-    for (int j = 0; j < P; j++) sc[j] /= (size_t)D, rc[j] /= (size_t)D;
-    st = dtl_all_to_allv(ctx->comm, lsend, sc, lrecv, rc, DTL_FLOAT32);
-    if (st != DTL_OK) return dtl__error_prefix(st, "%s: lse heads to tokens", fn);
-  }
+  for (int j = 0; j < P; j++) sc[j] /= (size_t)D, rc[j] /= (size_t)D;
+  st = dtl_all_to_allv(ctx->comm, lsend, sc, lrecv, rc, DTL_FLOAT32);
+  if (st != DTL_OK) return dtl__error_prefix(st, "%s: lse heads to tokens", fn);
   /* Only now the outputs: rank i's heads into their columns. */
   at = send;
   lat = (char *)lrecv;

@@ -9,17 +9,6 @@ dtl_placement dtl_shard(int dim) { return (dtl_placement){DTL_SHARD, dim, DTL_SU
 dtl_placement dtl_replicate(void) { return (dtl_placement){DTL_REPLICATE, 0, DTL_SUM}; }
 dtl_placement dtl_partial(dtl_reduce_op op) { return (dtl_placement){DTL_PARTIAL, 0, op}; }
 
-void dtl__chunk(int64_t n, int k, int i, int64_t *offset, int64_t *size) {
-  /* torch.chunk: ceil(n / k) per chunk, the tail takes what is left. Written without n + k - 1 and
-   * without an unchecked c * i so that dims near INT64_MAX (legal for i8 tensors) cannot overflow. */
-  int64_t c = n / k + (n % k != 0);
-  int64_t lo = (c == 0 || i > n / c) ? n : c * i;
-  if (lo > n) lo = n;
-  int64_t hi = (c > n - lo) ? n : lo + c;
-  *offset = lo;
-  *size = hi - lo;
-}
-
 void dtl__local_box(const dtl_mesh *m, int ndim, const int64_t *shape, const dtl_placement *p, const int *coord,
                     int64_t *box_shape, int64_t *box_offset) {
   for (int d = 0; d < ndim; d++) {
@@ -112,8 +101,12 @@ dtl_status dtl_layout_create(const dtl_mesh *m, dtl_dtype t, int ndim, const int
 }
 
 dtl_status dtl_layout_with_placements(const dtl_layout *l, const dtl_placement *placements, dtl_layout **out) {
-  DTL_CHECK_ARG(l != NULL, "dtl_layout_with_placements", "layout=NULL");
-  return dtl_layout_create(l->mesh, l->dtype, l->ndim, l->shape, placements, out);
+  static const char fn[] = "dtl_layout_with_placements";
+  DTL_CHECK_ARG(l != NULL, fn, "layout=NULL");
+  DTL_CHECK_ARG(out != NULL, fn, "out=NULL");
+  /* The checks of the placements are dtl_layout_create's; its messages say which call they came through. */
+  dtl_status st = dtl_layout_create(l->mesh, l->dtype, l->ndim, l->shape, placements, out);
+  return st == DTL_OK ? DTL_OK : dtl__error_prefix(st, "%s", fn);
 }
 
 dtl_status dtl_layout_local_box(const dtl_layout *l, const int *coord, int64_t *shape, int64_t *offset) {

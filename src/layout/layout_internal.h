@@ -5,6 +5,7 @@
 #define DTL_LAYOUT_INTERNAL_H
 
 #include "comm/backend.h"
+#include "common/chunk.h"
 
 /* What the layer above memoizes per mesh (redistribute keeps its plan cache here), freed with the mesh. It
  * lives on the mesh rather than in a global so that dtl keeps no hidden process state. It is no part of the
@@ -78,8 +79,6 @@ static inline const dtl__mem *dtl__mesh_mem(const dtl_mesh *m) {
   return m->comm ? &m->comm->mem : m->parent ? &m->parent->mem : &host;
 }
 
-/* torch.chunk: the [offset, offset+size) piece that chunk index i of k gets from a dim of size n. */
-void dtl__chunk(int64_t n, int k, int i, int64_t *offset, int64_t *size);
 /* The local box of the rank at coord for placements p over shape (no validation): the one rule that every
  * layer (layout queries, planner byte counts, executor pack boxes) shares. */
 void dtl__local_box(const dtl_mesh *m, int ndim, const int64_t *shape, const dtl_placement *p, const int *coord,

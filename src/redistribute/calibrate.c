@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Calibration of the planner's cost model: measuring (alpha, beta, local_beta) per link class on a mesh's ranks
  * (dtl_cost_model_calibrate), writing them with the transport's algorithm table as a profile
- * (dtl_cost_model_save), and applying a profile's cost line when a plan resolves its model (DTL_PROFILE). */
+ * (dtl_cost_model_save). Reading a profile back is cost.c's, where a plan resolves its model: this file uses the
+ * cost model and is not used by it. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,21 +10,6 @@
 #include "comm/agree.h"
 #include "comm/profile.h"
 #include "redistribute/cost.h"
-
-dtl_status dtl__cost_from_profile(const char *fn, const dtl_mesh *mesh, dtl_cost_model *inout) {
-  dtl__profile p;
-  bool present = false;
-  DTL_TRY(dtl__profile_from_env(fn, &p, &present));
-  if (!present) return DTL_OK;
-  const char *engine = mesh->comm ? dtl_comm_backend_name(mesh->comm) : "mpi";
-  if (strcmp(p.engine, engine))
-    return dtl__error_fn(DTL_ERR_MISMATCH, fn, "%s was recorded for engine %s, used for a plan on a mesh of engine %s "
-                         "(calibrate this engine, or unset DTL_PROFILE)", p.source, p.engine, engine);
-  if (!p.cost_line) return DTL_OK;
-  char where[sizeof p.source + 32];
-  snprintf(where, sizeof where, "%s line %d: cost", p.source, p.cost_line);
-  return dtl__cost_parse_text(fn, where, p.cost, inout);
-}
 
 /* --- measurement ------------------------------------------------------------------------------------------ */
 

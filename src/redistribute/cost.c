@@ -1,12 +1,13 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* The planner's alpha-beta cost model: engine defaults, DTL_PLAN_TUNE, and the bytes and time of each step
- * kind, per rank and as the maximum over the mesh computed from the global shape. */
+/* The planner's alpha-beta cost model: engine defaults, the cost line of a DTL_PROFILE, DTL_PLAN_TUNE, and the
+ * bytes and time of each step kind, per rank and as the maximum over the mesh computed from the global shape. */
 #include <errno.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "comm/profile.h"
 #include "redistribute/cost.h"
 
 /* Host MPI: ~2 us per message round, ~5 GB/s per link, ~10 GB/s memcpy; between nodes ~5 us and ~1.25 GB/s
@@ -108,6 +109,21 @@ dtl_status dtl__cost_parse_text(const char *fn, const char *source, const char *
   }
   *inout = m;
   return DTL_OK;
+}
+
+dtl_status dtl__cost_from_profile(const char *fn, const dtl_mesh *mesh, dtl_cost_model *inout) {
+  dtl__profile p;
+  bool present = false;
+  DTL_TRY(dtl__profile_from_env(fn, &p, &present));
+  if (!present) return DTL_OK;
+  const char *engine = mesh->comm ? dtl_comm_backend_name(mesh->comm) : "mpi";
+  if (strcmp(p.engine, engine))
+    return dtl__error_fn(DTL_ERR_MISMATCH, fn, "%s was recorded for engine %s, used for a plan on a mesh of engine %s "
+                         "(calibrate this engine, or unset DTL_PROFILE)", p.source, p.engine, engine);
+  if (!p.cost_line) return DTL_OK;
+  char where[sizeof p.source + 32];
+  snprintf(where, sizeof where, "%s line %d: cost", p.source, p.cost_line);
+  return dtl__cost_parse_text(fn, where, p.cost, inout);
 }
 
 dtl_status dtl__cost_resolve(const char *fn, const dtl_mesh *mesh, const dtl_cost_model *over, dtl_cost_model *out) {
@@ -244,7 +260,7 @@ static int dtl__extent_set(int64_t n, const int *ks, int nk, int64_t *out) {
 
 /* The distinct extents of tensor dim d under p, split by every sharding mesh dim except skip. */
 static int dtl__extents(const dtl_layout *g, const dtl_placement *p, int d, int skip, int64_t *set) {
-  int ks[DTL_MAX_MESH_DIMS], nk = 0;
+  int ks[DTL_MAX_MESH_DIMS] = {0}, nk = 0;
   for (int md = 0; md < g->mesh->ndim; md++)
     if (md != skip && p[md].kind == DTL_SHARD && p[md].dim == d) ks[nk++] = g->mesh->shape[md];
   return dtl__extent_set(g->shape[d], ks, nk, set);

@@ -22,7 +22,7 @@ dtl_status dtl__cost_parse_tune(const char *fn, const char *text, dtl_cost_model
 dtl_status dtl__cost_parse_text(const char *fn, const char *source, const char *text, dtl_cost_model *inout);
 /* Every field of m in that format, exactly (%.17g), like snprintf (returns the length it needs). */
 size_t dtl__cost_render(const dtl_cost_model *m, char *buf, size_t cap);
-/* Applies the cost line of the profile DTL_PROFILE names (redistribute/calibrate.c): unset, nothing; a profile
+/* Applies the cost line of the profile DTL_PROFILE names (cost.c, under dtl__cost_resolve): unset, nothing; a profile
  * of another engine than m's (abstract meshes: mpi) is DTL_ERR_MISMATCH, a malformed one
  * DTL_ERR_INVALID_ARGUMENT naming its path, line and text. */
 dtl_status dtl__cost_from_profile(const char *fn, const dtl_mesh *m, dtl_cost_model *inout);

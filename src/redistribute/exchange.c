@@ -128,7 +128,16 @@ static bool dtl__xround_pipelined(const dtl__ex_ctx *c_, const dtl__ex_step *e, 
       if (pass == 0) x->spos[i] = -1;
       bool packed = !m->run && (m->same < 0 || !x->send[m->same].run);
       if (packed != (pass == 1) || !dtl__xclip(x, c_->nd, m, r0, s, o)) continue;
-      dtl__xsend_buf(c_, e, i, s, o, in, sreg, &soff, &ns);
+      /* A message that is a run stays one in every round: the round dim is the outermost dim longer than 1
+       * (planner.c), so the dims before it are 1 and a run clipped along it is still a run. The send region has
+       * no room for runs, so a clipped run that needed packing would be a planner bug: refused before anything
+       * goes out, rather than sent unpacked. */
+      if (dtl__xsend_buf(c_, e, i, s, o, in, sreg, &soff, &ns) && pass == 0) {
+        *st = dtl__error_fn(DTL_ERR_INTERNAL, "dtl_plan_execute",
+                            "send %d of round %lld is no run of this rank's box (round dim %d is not the outermost "
+                            "dim longer than 1)", i, (long long)r0, x->xdim);
+        return true;
+      }
     }
     if (pass == 0) first = ns;
   }

@@ -178,11 +178,6 @@ static inline size_t dtl__box_count(int nd, const int64_t *shape) {
   return n;
 }
 
-/* base + elems elements, without arithmetic on a NULL base (empty buffers may be NULL). */
-static inline char *dtl__at(void *base, size_t elems, size_t es) {
-  return elems ? (char *)base + elems * es : (char *)base;
-}
-
 /* The box of the peer at position k along the step's mesh dim, before (w = 0) or after (w = 1) the step. */
 static inline void dtl__ex_peer_box(const dtl__ex_step *e, int nd, int w, int k, int64_t *shape, int64_t *off) {
   memcpy(shape, w ? e->out_shape : e->in_shape, sizeof(int64_t) * (size_t)nd);

@@ -91,10 +91,9 @@ dtl_status dtl_tp_attention_create(dtl_tp_context *ctx, const dtl_tp_attention_p
   dtl_status st = out ? dtl__tp_attention_build(ctx, p, &a) : dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "out=NULL");
   uint64_t fp = 0;
   if (st == DTL_OK) {
-    fp = dtl__tp_fp(ctx, fn, p->hidden, p->q_heads, p->kv_heads, p->head_dim);
-    fp = dtl__fp_double(dtl__fp_mix(fp, (uint64_t)a->rope << 3 | (uint64_t)(p->flags & 1) << 2 |
-                                             (p->qkv_bias != NULL) << 1 | (p->out_bias != NULL)),
-                        (double)a->scale);
+    fp = DTL__TP_FP(ctx, fn, p->hidden, p->q_heads, p->kv_heads, p->head_dim, a->rope, (int64_t)p->flags,
+                    p->qkv_bias != NULL, p->out_bias != NULL);
+    fp = dtl__fp_double(fp, (double)a->scale);
     fp = dtl__fp_double(fp, (double)a->rope_theta);
   }
   st = dtl__agree(ctx->comm, fn, fp, st);
@@ -211,9 +210,7 @@ static dtl_status dtl__tp_attention_run(dtl_tp_attention *a, bool cached, dtl_tp
   if (st == DTL_OK && (aux_bytes = dtl__tp_attend_bytes(a, T, cache)))
     st = dtl__tp_scratch(ctx, DTL__TP_WS_AUX, aux_bytes, &aux);
   DTL_TRY(dtl__agree_checked(ctx->comm, fn,
-                             dtl__fp_mix(dtl__tp_fp(ctx, fn, a->hidden, a->q_heads << 20 | a->kv_heads, a->head_dim,
-                                                    T << 1 | a->sp),
-                                         (uint64_t)past),
+                             DTL__TP_FP(ctx, fn, a->hidden, a->q_heads, a->kv_heads, a->head_dim, T, a->sp, past),
                              st));
 
   const void *xin;
@@ -267,7 +264,7 @@ dtl_status dtl_tp_kv_cache_create(const dtl_tp_attention *a, int64_t max_tokens,
   DTL_CHECK_ARG(a != NULL, fn, "block=NULL");
   dtl_tp_kv_cache *c = NULL;
   dtl_status st = dtl__tp_kv_cache_build(a, max_tokens, out ? &c : NULL);
-  uint64_t fp = dtl__tp_fp(a->ctx, fn, max_tokens, a->hidden, a->q_heads << 20 | a->kv_heads, a->head_dim);
+  uint64_t fp = DTL__TP_FP(a->ctx, fn, max_tokens, a->hidden, a->q_heads, a->kv_heads, a->head_dim);
   st = dtl__agree(a->ctx->comm, fn, st == DTL_OK ? fp : 0, st);
   if (st != DTL_OK) {
     dtl_tp_kv_cache_destroy(c);

@@ -9,10 +9,9 @@
 #include "compute/bias.h"
 #include "tp/tp_internal.h"
 
-uint64_t dtl__tp_fp(const dtl_tp_context *ctx, const char *fn, int64_t a, int64_t b, int64_t c, int64_t d) {
-  uint64_t h = dtl__fp_mix(dtl__fp_str(ctx->mesh->id, fn), (uint64_t)ctx->tp_dim << 32 | (uint32_t)ctx->dtype);
-  h = dtl__fp_mix(dtl__fp_mix(h, (uint64_t)a), (uint64_t)b);
-  return dtl__fp_mix(dtl__fp_mix(h, (uint64_t)c), (uint64_t)d);
+uint64_t dtl__tp_fp(const dtl_tp_context *ctx, const char *fn, int n, const int64_t *v) {
+  uint64_t h = dtl__fp_mix(dtl__fp_mix(dtl__fp_str(ctx->mesh->id, fn), (uint64_t)ctx->tp_dim), (uint64_t)ctx->dtype);
+  return dtl__fp_i64s(h, v, n);
 }
 
 /* counts[r] = rows(r) * per_row, rows(r) = chunk(n, tp, r) */
@@ -119,7 +118,7 @@ dtl_status dtl_tp_row_parallel_reduce(dtl_tp_context *ctx, const dtl_layout *out
   int64_t tokens, features;
   dtl_status st = dtl__tp_half_args(ctx, fn, "out_layout", out_layout, sp ? dtl_shard(0) : dtl_replicate(), "partial",
                                     partial, true, "y", y, false, &tokens, &features);
-  DTL_TRY(dtl__agree_checked(ctx->comm, fn, dtl__tp_fp(ctx, fn, tokens, features, sp, bias != NULL), st));
+  DTL_TRY(dtl__agree_checked(ctx->comm, fn, DTL__TP_FP(ctx, fn, tokens, features, sp, bias != NULL), st));
   return dtl__tp_reduce(ctx, tokens, features, sp, partial, bias, y);
 }
 
@@ -132,7 +131,7 @@ dtl_status dtl_tp_column_parallel_gather(dtl_tp_context *ctx, const dtl_layout *
   void *stage;
   size_t bytes = st == DTL_OK ? dtl__tp_gather_columns_bytes(ctx, tokens, features) : 0;
   if (bytes) st = dtl__tp_scratch(ctx, DTL__TP_WS_COMM, bytes, &stage);
-  DTL_TRY(dtl__agree_checked(ctx->comm, fn, dtl__tp_fp(ctx, fn, tokens, features, 0, 0), st));
+  DTL_TRY(dtl__agree_checked(ctx->comm, fn, DTL__TP_FP(ctx, fn, tokens, features), st));
   return dtl__tp_gather_columns(ctx, tokens, features, y_local, y);
 }
 
@@ -142,6 +141,6 @@ dtl_status dtl_tp_sequence_gather(dtl_tp_context *ctx, const dtl_layout *in_layo
   int64_t tokens, features;
   dtl_status st = dtl__tp_half_args(ctx, fn, "in_layout", in_layout, dtl_shard(0), "x_local", x_local, false, "x", x,
                                     true, &tokens, &features);
-  DTL_TRY(dtl__agree_checked(ctx->comm, fn, dtl__tp_fp(ctx, fn, tokens, features, 0, 0), st));
+  DTL_TRY(dtl__agree_checked(ctx->comm, fn, DTL__TP_FP(ctx, fn, tokens, features), st));
   return dtl__tp_gather_tokens(ctx, tokens, features, x_local, x);
 }

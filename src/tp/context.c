@@ -19,7 +19,6 @@ dtl_status dtl__tp_check_bits(const char *fn, const char *what, uint64_t mask, u
 static dtl_status dtl__tp_context_build(const dtl_mesh *mesh, int tp_dim, const dtl_tp_options *opt,
                                         dtl_tp_context **out) {
   static const char fn[] = "dtl_tp_context_create";
-  DTL_CHECK_ARG(out != NULL, fn, "out=NULL");
   DTL_CHECK_ARG(tp_dim >= 0 && tp_dim < mesh->ndim, fn, "tp_dim=%d (expected 0..%d)", tp_dim, mesh->ndim - 1);
   if (opt) DTL_TRY(dtl__tp_check_bits(fn, "opt", opt->mask, DTL__BITS(DTL_TP_OPT_DTYPE), opt->flags, DTL__NO_BITS));
   dtl_dtype t = (opt && (opt->mask & DTL_TP_OPT_DTYPE)) ? opt->dtype : DTL_FLOAT32;
@@ -56,9 +55,12 @@ dtl_status dtl_tp_context_create(const dtl_mesh *mesh, int tp_dim, const dtl_tp_
   DTL_CHECK_ARG(dtl_mesh_is_member(mesh), fn,
                 "this rank is outside the mesh (dtl_mesh_create_from_ranks): only its members make contexts on it");
   /* The whole mesh agrees (not only the TP group), since tp_dim itself names the group. */
+  /* out is the caller's; the build writes the context into c, so out is checked here, and a rank whose out is
+   * NULL still brings its verdict to the agreement. */
   dtl_tp_context *c = NULL;
-  dtl_status st = dtl__tp_context_build(mesh, tp_dim, opt, &c);
-  st = dtl__agree(mesh->comm, fn, st == DTL_OK ? dtl__tp_fp(c, fn, 0, 0, 0, 0) : 0, st);
+  dtl_status st = out ? dtl__tp_context_build(mesh, tp_dim, opt, &c)
+                      : dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "out=NULL");
+  st = dtl__agree(mesh->comm, fn, st == DTL_OK ? DTL__TP_FP(c, fn, 0) : 0, st);
   if (st != DTL_OK) {
     dtl_tp_context_destroy(c);
     return st;

@@ -59,7 +59,7 @@ dtl_status dtl_tp_embedding_create(dtl_tp_context *ctx, const dtl_tp_embedding_p
   DTL_CHECK_ARG(ctx != NULL, fn, "ctx=NULL");
   dtl_tp_embedding *e = NULL;
   dtl_status st = out ? dtl__tp_embedding_build(ctx, p, &e) : dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "out=NULL");
-  st = dtl__agree(ctx->comm, fn, st == DTL_OK ? dtl__tp_fp(ctx, fn, p->vocab, p->hidden, p->flags & 1, 0) : 0, st);
+  st = dtl__agree(ctx->comm, fn, st == DTL_OK ? DTL__TP_FP(ctx, fn, p->vocab, p->hidden, (int64_t)p->flags) : 0, st);
   if (st != DTL_OK) {
     dtl_tp_embedding_destroy(e);
     return st;
@@ -125,7 +125,7 @@ static dtl_status dtl__tp_embedding_args(const dtl_tp_embedding *e, const char *
 static uint64_t dtl__tp_ids_fp(const dtl_tp_embedding *e, const char *fn, int64_t tokens, const int64_t *ids) {
   uint64_t h = 0;
   for (int64_t t = 0; t < tokens; t++) h = dtl__fp_mix(h, (uint64_t)ids[t]);
-  return dtl__tp_fp(e->ctx, fn, e->vocab, e->hidden, tokens << 1 | e->sp, (int64_t)h);
+  return DTL__TP_FP(e->ctx, fn, e->vocab, e->hidden, tokens, e->sp, (int64_t)h);
 }
 
 dtl_status dtl_tp_embedding_forward(dtl_tp_embedding *e, int64_t tokens, const int64_t *ids, void *y) {

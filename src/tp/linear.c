@@ -71,8 +71,8 @@ dtl_status dtl_tp_linear_create(dtl_tp_context *ctx, const dtl_tp_linear_params 
   DTL_CHECK_ARG(ctx != NULL, fn, "ctx=NULL");
   dtl_tp_linear *l = NULL;
   dtl_status st = out ? dtl__tp_linear_build(ctx, p, &l) : dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "out=NULL");
-  uint64_t fp = st == DTL_OK ? dtl__tp_fp(ctx, fn, p->kind, p->in_features, p->out_features,
-                                          (int64_t)(p->flags & 3) << 1 | (p->bias != NULL)) : 0;
+  uint64_t fp = st == DTL_OK ? DTL__TP_FP(ctx, fn, p->kind, p->in_features, p->out_features,
+                                          (int64_t)p->flags, p->bias != NULL) : 0;
   st = dtl__agree(ctx->comm, fn, fp, st);
   if (st != DTL_OK) {
     dtl_tp_linear_destroy(l);
@@ -107,7 +107,7 @@ dtl_status dtl_tp_linear_forward(dtl_tp_linear *l, const dtl_layout *x_layout, c
   if (st == DTL_OK && column && l->gather) st = dtl__tp_scratch(ctx, DTL__TP_WS_MID, (size_t)(T * l->proj.rows) * e, &mid);
   if (st == DTL_OK && gather_bytes) st = dtl__tp_scratch(ctx, DTL__TP_WS_COMM, gather_bytes, &stage);
   if (st == DTL_OK && !column) st = dtl__tp_scratch(ctx, DTL__TP_WS_PARTIAL, (size_t)(T * l->out) * e, &partial);
-  DTL_TRY(dtl__agree_checked(ctx->comm, fn, dtl__tp_fp(ctx, fn, l->kind, l->in, l->out, T << 2 | l->sp << 1 | l->gather), st));
+  DTL_TRY(dtl__agree_checked(ctx->comm, fn, DTL__TP_FP(ctx, fn, l->kind, l->in, l->out, T, l->sp, l->gather), st));
 
   const void *xin;
   DTL_TRY(dtl__tp_input(ctx, l->in, dtl__tp_linear_in_p(l), x, T, &xin));

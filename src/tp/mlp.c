@@ -66,9 +66,8 @@ dtl_status dtl_tp_mlp_create(dtl_tp_context *ctx, const dtl_tp_mlp_params *p, dt
   DTL_CHECK_ARG(ctx != NULL, fn, "ctx=NULL");
   dtl_tp_mlp *m = NULL;
   dtl_status st = out ? dtl__tp_mlp_build(ctx, p, &m) : dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "out=NULL");
-  uint64_t fp = st == DTL_OK ? dtl__tp_fp(ctx, fn, p->activation, p->hidden, p->ffn,
-                                          (int64_t)(p->flags & 1) << 2 | (p->gate_up_bias != NULL) << 1 |
-                                              (p->down_bias != NULL)) : 0;
+  uint64_t fp = st == DTL_OK ? DTL__TP_FP(ctx, fn, p->activation, p->hidden, p->ffn, (int64_t)p->flags,
+                                          p->gate_up_bias != NULL, p->down_bias != NULL) : 0;
   st = dtl__agree(ctx->comm, fn, fp, st);
   if (st != DTL_OK) {
     dtl_tp_mlp_destroy(m);
@@ -115,7 +114,7 @@ dtl_status dtl_tp_mlp_forward(dtl_tp_mlp *m, const dtl_layout *x_layout, const v
     st = dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "y=NULL with %zu elements", dtl_layout_local_count(x_layout));
   if (st == DTL_OK) st = dtl__tp_scratch(ctx, DTL__TP_WS_MID, (size_t)(T * width) * e, &h);
   if (st == DTL_OK) st = dtl__tp_scratch(ctx, DTL__TP_WS_PARTIAL, (size_t)(T * m->hidden) * e, &partial);
-  DTL_TRY(dtl__agree_checked(ctx->comm, fn, dtl__tp_fp(ctx, fn, m->act, m->hidden, m->ffn, T << 1 | m->sp), st));
+  DTL_TRY(dtl__agree_checked(ctx->comm, fn, DTL__TP_FP(ctx, fn, m->act, m->hidden, m->ffn, T, m->sp), st));
 
   const void *xin;
   DTL_TRY(dtl__tp_input(ctx, m->hidden, dtl__tp_mlp_p(m), x, T, &xin));

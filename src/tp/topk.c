@@ -80,7 +80,7 @@ dtl_status dtl_tp_logits_topk(dtl_tp_context *ctx, const dtl_layout *logits_layo
   if (st == DTL_OK) st = dtl__tp_scratch(ctx, DTL__TP_WS_INPUT, pairs * sizeof(int64_t), &send);
   if (st == DTL_OK) st = dtl__tp_scratch(ctx, DTL__TP_WS_MID, all * sizeof(int64_t), &recv);
   if (st == DTL_OK) st = dtl__tp_host_scratch(ctx, ((dev ? all : 0) + 2 * (size_t)k) * sizeof(int64_t), &host);
-  DTL_TRY(dtl__agree_checked(ctx->comm, fn, dtl__tp_fp(ctx, fn, T, V, k, 0), st));
+  DTL_TRY(dtl__agree_checked(ctx->comm, fn, DTL__TP_FP(ctx, fn, T, V, k), st));
   int64_t *list = host, *merged = dev ? list + 2 * k : recv;
   dtl_tp_range mine = dtl__tp_chunk(ctx, V, ctx->rank);
   if (dev) {

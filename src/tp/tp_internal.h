@@ -113,8 +113,12 @@ dtl_status dtl__tp_input(dtl_tp_context *ctx, int64_t features, dtl_placement on
 /* Every collective entry point of the TP layers (creation and forwards, on the TP group; a context on the
  * whole mesh) checks all its arguments and takes all its scratch before its first collective, then agrees:
  * creation always (dtl__agree), a forward or half under DTL_CHECK. This is the fingerprint of such a call:
- * fn, the context (mesh, TP dim, dtype) and four values of the call. */
-uint64_t dtl__tp_fp(const dtl_tp_context *ctx, const char *fn, int64_t a, int64_t b, int64_t c, int64_t d);
+ * fn, the context (mesh, TP dim, dtype) and the n values v[0..n) of the call, each mixed alone (no value packs
+ * two arguments, so none can make up for another). DTL__TP_FP(ctx, fn, a, b, ...) spells the list. */
+uint64_t dtl__tp_fp(const dtl_tp_context *ctx, const char *fn, int n, const int64_t *v);
+#define DTL__TP_FP(ctx, fn, ...)                                                                                \
+  dtl__tp_fp((ctx), (fn), (int)(sizeof((const int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), \
+             (const int64_t[]){__VA_ARGS__})
 
 /* The layouts a layer states: [tokens, features] with on_tp on the TP dim. */
 dtl_status dtl__tp_layout(const dtl_tp_context *ctx, int64_t tokens, int64_t features, dtl_placement on_tp,

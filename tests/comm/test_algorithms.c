@@ -265,7 +265,7 @@ static void check_reduced(const variant *v, const char *what, dtl_dtype t, dtl_r
     } else { /* within the roundings of another order: one per step, each at most an ulp of the partial sums */
       double a = as_double(t, g), b = as_double(t, want), sum_abs = 0;
       for (int q = 0; q < size; q++) {
-        unsigned char x[8];
+        unsigned char x[8] = {0};
         put_input(t, op, x, 0, q, gi0 + i);
         sum_abs += fabs(as_double(t, x));
       }

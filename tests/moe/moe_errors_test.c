@@ -66,6 +66,18 @@ static void other_verify(int32_t *ids, float *w, int *k, dtl_moe_layout_params *
   prm->mask = DTL_MOE_LAYOUT_VERIFY;
   prm->verify = 0;
 }
+static void other_policy(int32_t *ids, float *w, int *k, dtl_moe_layout_params *prm) {
+  prm->mask = DTL_MOE_LAYOUT_DROP_POLICY;
+  prm->drop_policy = DTL_MOE_DROP_PROBABILITY;
+}
+static void other_pad(int32_t *ids, float *w, int *k, dtl_moe_layout_params *prm) {
+  prm->mask = DTL_MOE_LAYOUT_PAD_MULTIPLE;
+  prm->pad_multiple = 4;
+}
+static void other_exchange(int32_t *ids, float *w, int *k, dtl_moe_layout_params *prm) {
+  prm->mask = DTL_MOE_LAYOUT_EXCHANGE;
+  prm->exchange = DTL_MOE_EXCHANGE_PER_EXPERT;
+}
 
 /* Rejected on one rank (the last one), every rank fails with the same status and nothing is written. */
 static void expect_all_fail(void (*edit)(int32_t *, float *, int *, dtl_moe_layout_params *), dtl_status want) {
@@ -139,6 +151,14 @@ static void ranks_with_different_expert_tables_get_mismatch(void) {
   CHECK_STATUS(dtl_moe_layout_create(g_comm, p, T, K, g_ids, g_w, H, DTL_FLOAT32, NULL, &L), DTL_ERR_MISMATCH);
   CHECK(strstr(dtl_last_error(), "placement") != NULL, "message %s", dtl_last_error());
   dtl_moe_placement_destroy(p);
+}
+
+static void ranks_with_different_dtypes_get_mismatch(void) {
+  dtl_moe_layout *L = SENTINEL;
+  CHECK_STATUS(dtl_moe_layout_create(g_comm, g_pl, T, K, g_ids, g_w, H, dt_rank == 0 ? DTL_FLOAT64 : DTL_FLOAT32, NULL,
+                                     &L),
+               DTL_ERR_MISMATCH);
+  CHECK(strstr(dtl_last_error(), "dtype") != NULL, "message %s", dtl_last_error());
 }
 
 static void ranks_with_different_hidden_get_mismatch(void) {
@@ -259,6 +279,10 @@ int main(int argc, char **argv) {
     RUN_NAMED("ranks_with_different_k_get_mismatch", expect_all_fail(other_k, DTL_ERR_MISMATCH));
     RUN_NAMED("ranks_with_different_capacity_get_mismatch", expect_all_fail(other_capacity, DTL_ERR_MISMATCH));
     RUN_NAMED("ranks_with_different_verify_get_mismatch", expect_all_fail(other_verify, DTL_ERR_MISMATCH));
+    RUN_NAMED("ranks_with_different_drop_policy_get_mismatch", expect_all_fail(other_policy, DTL_ERR_MISMATCH));
+    RUN_NAMED("ranks_with_different_pad_multiple_get_mismatch", expect_all_fail(other_pad, DTL_ERR_MISMATCH));
+    RUN_NAMED("ranks_with_different_exchange_get_mismatch", expect_all_fail(other_exchange, DTL_ERR_MISMATCH));
+    RUN(ranks_with_different_dtypes_get_mismatch);
     RUN(ranks_with_different_expert_tables_get_mismatch);
     RUN(ranks_with_different_hidden_get_mismatch);
     RUN(stale_layout_on_one_rank_gets_mismatch);

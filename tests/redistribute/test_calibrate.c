@@ -273,6 +273,46 @@ static void malformed_profiles_fail_naming_the_file_and_line(void) {
   unsetenv("DTL_PROFILE");
 }
 
+/* A profile of `bytes` bytes: the header, then comment lines padding it out. */
+static char *padded_profile(size_t bytes) {
+  char head[64];
+  int h = snprintf(head, sizeof head, "dtl-profile 1\nengine mpi\nranks %d\n", size);
+  char *t = malloc(bytes + 1);
+  if (!t) return NULL;
+  memcpy(t, head, (size_t)h);
+  for (size_t i = (size_t)h; i < bytes; i += 64) {
+    size_t len = bytes - i < 64 ? bytes - i : 64;
+    memset(t + i, 'x', len);
+    t[i] = '#';
+    t[i + len - 1] = '\n';
+  }
+  t[bytes] = '\0';
+  return t;
+}
+
+static void a_profile_of_up_to_1_mib_loads_and_one_byte_more_is_refused(void) {
+  const size_t mib = (size_t)1 << 20;
+  const size_t sizes[] = {mib - 1, mib};
+  for (int i = 0; i < 2; i++) {
+    char *t = padded_profile(sizes[i]);
+    CHECK(t != NULL, "no memory for a %zu-byte profile", sizes[i]);
+    if (!t) return;
+    use_profile(t);
+    free(t);
+    dtl_comm *c = NULL;
+    dtl_status st = comm_with_profile(&c);
+    CHECK(st == DTL_OK, "a profile of %zu bytes: %s '%s' (expected DTL_OK)", sizes[i], dtl_status_name(st),
+          dtl_last_error());
+    dtl_comm_destroy(c);
+    unsetenv("DTL_PROFILE");
+  }
+  char *t = padded_profile(mib + 1);
+  CHECK(t != NULL, "no memory for a profile");
+  if (!t) return;
+  expect_comm_refused(t, DTL_ERR_INVALID_ARGUMENT, "over 1 MiB");
+  free(t);
+}
+
 static void a_profile_of_another_rank_count_or_engine_is_a_mismatch(void) {
   char t[256];
   snprintf(t, sizeof t, "dtl-profile 1\nengine mpi\nranks %d\ncost alpha=1e-6\n", size + 1);
@@ -354,6 +394,7 @@ int main(int argc, char **argv) {
   RUN(a_saved_profile_loads_as_the_same_model_and_table);
   RUN(the_profile_applies_after_the_engine_default_and_before_plan_tune);
   RUN(malformed_profiles_fail_naming_the_file_and_line);
+  RUN(a_profile_of_up_to_1_mib_loads_and_one_byte_more_is_refused);
   RUN(a_profile_of_another_rank_count_or_engine_is_a_mismatch);
   RUN(different_profiles_on_different_ranks_fail_every_rank);
   RUN(the_algorithm_sweep_installs_one_valid_table_on_every_rank);

@@ -161,7 +161,7 @@ static inline int64_t tp_check_plan(const dtl_plan *p, const dtl_cost_model *c) 
       if (!tp_same(st->before[md], cur[md])) fail_msg("step %d: before[%d] does not continue the previous step", s + 1, md);
       if (md != st->mesh_dim && !tp_same(st->after[md], cur[md])) fail_msg("step %d changes mesh dim %d too", s + 1, md);
     }
-    dtl__step_kind k;
+    dtl__step_kind k = st->kind; /* tp_legal sets it when the step is legal */
     if (!tp_legal(m, cur, st->mesh_dim, st->after[st->mesh_dim], &k)) {
       char a[64], b[64];
       tp_format(cur, m->ndim, a, sizeof a);

@@ -97,9 +97,11 @@ static void same(const float *got, const float *want, int64_t n, const char *wha
   CHECK(sentinel == 0xDEADBEEFu, "%s: wrote past the shard", what);
 }
 static float *buf(int64_t n) {
-  float *p = malloc(sizeof(float) * (size_t)(n + 1));
+  size_t m = (size_t)(n > 0 ? n : 0) + 1; /* the elements and the sentinel */
+  float *p = malloc(sizeof(float) * m);
+  if (!p) abort();
   uint32_t s = 0xDEADBEEFu;
-  for (int64_t i = 0; i <= n; i++) memcpy(p + i, &s, 4);
+  for (size_t i = 0; i < m; i++) memcpy(p + i, &s, 4);
   return p;
 }
 

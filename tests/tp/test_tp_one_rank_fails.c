@@ -197,6 +197,93 @@ static void creation_fails_every_rank_without_dtl_check(void) {
   CHECK(l == NULL && m == NULL && a == NULL && e == NULL, "a failed creation returned a layer");
 }
 
+/* Layer creation agrees on its whole call, DTL_CHECK or not: each argument that shapes a layer, changed alone on
+ * one rank (every value valid on its own), makes every rank fail with DTL_ERR_MISMATCH and keep no layer. */
+static void creation_with_one_argument_changed_on_one_rank_is_a_mismatch_on_every_rank(void) {
+  bool me = dt_rank == dt_bad;
+  char call[64];
+  static const char *const linear_args[] = {"kind", "in_features", "out_features", "sequence parallel",
+                                            "gather output", "sharded weights", "bias"};
+  for (int i = 0; i < 7; i++) {
+    dtl_tp_linear_params lp = {.kind = DTL_TP_COLUMN, .in_features = H, .out_features = H, .weight = w};
+    if (me && i == 0) lp.kind = DTL_TP_ROW;
+    if (me && i == 1) lp.in_features = H / 2;
+    if (me && i == 2) lp.out_features = 2 * H;
+    if (me && i == 3) lp.flags = DTL_TP_SEQUENCE_PARALLEL;
+    if (me && i == 4) lp.flags = DTL_TP_GATHER_OUTPUT;
+    if (me && i == 5) lp.flags = DTL_TP_SHARDED_WEIGHTS;
+    if (me && i == 6) lp.bias = w;
+    dtl_tp_linear *l = NULL;
+    snprintf(call, sizeof call, "linear, %s", linear_args[i]);
+    dt_expect_mismatch(call, dtl_tp_linear_create(plain_ctx, &lp, &l));
+    CHECK(dt_size == 1 || l == NULL, "%s: a layer was kept", call);
+    dtl_tp_linear_destroy(l);
+  }
+  static const char *const mlp_args[] = {"activation", "hidden", "ffn", "sequence parallel", "sharded weights",
+                                         "gate_up_bias", "down_bias"};
+  for (int i = 0; i < 7; i++) {
+    dtl_tp_mlp_params mp = {.activation = DTL_TP_ACT_GELU, .hidden = H, .ffn = FFN, .gate_up = w, .down = w};
+    if (me && i == 0) mp.activation = DTL_TP_ACT_SILU_GATED;
+    if (me && i == 1) mp.hidden = H / 2;
+    if (me && i == 2) mp.ffn = 2 * FFN;
+    if (me && i == 3) mp.flags = DTL_TP_SEQUENCE_PARALLEL;
+    if (me && i == 4) mp.flags = DTL_TP_SHARDED_WEIGHTS;
+    if (me && i == 5) mp.gate_up_bias = w;
+    if (me && i == 6) mp.down_bias = w;
+    dtl_tp_mlp *m = NULL;
+    snprintf(call, sizeof call, "mlp, %s", mlp_args[i]);
+    dt_expect_mismatch(call, dtl_tp_mlp_create(plain_ctx, &mp, &m));
+    CHECK(dt_size == 1 || m == NULL, "%s: a layer was kept", call);
+    dtl_tp_mlp_destroy(m);
+  }
+  static const char *const attn_args[] = {"hidden", "q_heads", "kv_heads", "head_dim", "scale", "rope",
+                                          "sequence parallel", "sharded weights", "qkv_bias", "out_bias"};
+  for (int i = 0; i < 10; i++) {
+    dtl_tp_attention_params ap = {.hidden = H, .q_heads = 4, .kv_heads = 4, .head_dim = 2, .qkv = w, .out = w};
+    if (me && i == 0) ap.hidden = H / 2;
+    if (me && i == 1) ap.q_heads = 8;
+    if (me && i == 2) ap.kv_heads = 2, ap.q_heads = 4;
+    if (me && i == 3) ap.head_dim = 4;
+    if (me && i == 4) ap.mask = DTL_TP_SCALE, ap.scale = 0.125f;
+    if (me && i == 5) ap.mask = DTL_TP_ROPE, ap.rope_theta = 10000.0f;
+    if (me && i == 6) ap.flags = DTL_TP_SEQUENCE_PARALLEL;
+    if (me && i == 7) ap.flags = DTL_TP_SHARDED_WEIGHTS;
+    if (me && i == 8) ap.qkv_bias = w;
+    if (me && i == 9) ap.out_bias = w;
+    dtl_tp_attention *a = NULL;
+    snprintf(call, sizeof call, "attention, %s", attn_args[i]);
+    dtl_status st = dtl_tp_attention_create(plain_ctx, &ap, &a);
+    /* kv_heads 2 does not split over more than 2 ranks: that rank's own error then, not a mismatch */
+    if (i == 2 && dt_size > 2) {
+      CHECK(st != DTL_OK, "%s: %s", call, dtl_status_name(st));
+    } else {
+      dt_expect_mismatch(call, st);
+    }
+    CHECK(dt_size == 1 || a == NULL, "%s: a layer was kept", call);
+    dtl_tp_attention_destroy(a);
+  }
+  static const char *const emb_args[] = {"vocab", "hidden", "sequence parallel", "sharded weights"};
+  for (int i = 0; i < 4; i++) {
+    dtl_tp_embedding_params ep = {.vocab = VOCAB, .hidden = H, .table = w};
+    if (me && i == 0) ep.vocab = 2 * VOCAB;
+    if (me && i == 1) ep.hidden = H / 2;
+    if (me && i == 2) ep.flags = DTL_TP_SEQUENCE_PARALLEL;
+    if (me && i == 3) ep.flags = DTL_TP_SHARDED_WEIGHTS;
+    dtl_tp_embedding *e = NULL;
+    snprintf(call, sizeof call, "embedding, %s", emb_args[i]);
+    dt_expect_mismatch(call, dtl_tp_embedding_create(plain_ctx, &ep, &e));
+    CHECK(dt_size == 1 || e == NULL, "%s: a layer was kept", call);
+    dtl_tp_embedding_destroy(e);
+  }
+  dtl_tp_attention_params ap = {.hidden = H, .q_heads = 4, .kv_heads = 4, .head_dim = 2, .qkv = w, .out = w};
+  dtl_tp_attention *a = NULL;
+  REQUIRE_OK(dtl_tp_attention_create(plain_ctx, &ap, &a));
+  dtl_tp_kv_cache *kc = NULL;
+  dt_expect_mismatch("kv cache, max_tokens", dtl_tp_kv_cache_create(a, me ? 2 * T : T, &kc));
+  dtl_tp_kv_cache_destroy(kc);
+  dtl_tp_attention_destroy(a);
+}
+
 int main(int argc, char **argv) {
   dt_init(&argc, &argv);
   dt_watchdog_s = 30;
@@ -218,6 +305,7 @@ int main(int argc, char **argv) {
   RUN(embedding_and_top_k_fail_or_mismatch_on_every_rank);
   RUN(a_rank_that_cannot_grow_its_scratch_fails_every_rank);
   RUN(creation_fails_every_rank_without_dtl_check);
+  RUN(creation_with_one_argument_changed_on_one_rank_is_a_mismatch_on_every_rank);
   dtl_tp_context_destroy(ctx);
   dtl_tp_context_destroy(plain_ctx);
   dtl_mesh_destroy(mesh);

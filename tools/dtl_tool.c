@@ -297,6 +297,9 @@ static int cmd_info(int argc, char **argv) {
   print_env("DTL_CHECK", "1: every collective call (collectives, plans, TP, MoE) first agrees across its ranks on "
                          "the call and each rank's arguments (an error on every rank instead of a hang or wrong "
                          "data); read when a communicator is made");
+  print_env("DTL_TIMEOUT", "seconds: every blocking call waits at most this long for its peers, then returns "
+                           "DTL_ERR_TIMEOUT and fails the communicator (0 or unset: no deadline); read when a "
+                           "communicator is made, the same on every rank");
   print_env("DTL_ALGO", "force MPI collective algorithms, e.g. all_reduce:rs_ag,all_gather:ring (auto: the table's "
                         "choice); read when a communicator is made");
   print_env("DTL_ALGO_TABLE", "file replacing the MPI algorithm table below (same format); read when a communicator "

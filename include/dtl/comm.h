@@ -21,11 +21,16 @@
  * stream). Without DTL_CHECK, a rank that fails a per-call check returns alone and its peers wait in the
  * collective, and ranks that pass different counts, shapes, roots or plans get undefined results: DTL_OK
  * with wrong data is possible. That is the caller's contract violation, as in MPI; DTL_CHECK turns it into an
- * error. What no agreement can cover: a NULL or aborted communicator (or handle: mesh, layout, context,
+ * error. An agreement never fails on one rank: what it needs (its host and device staging, the peer list of an
+ * agreement over two meshes) is acquired when its communicator is made, a rank that failed locally still takes
+ * part and sends its failure verdict, and a plan's workspace is acquired when the plan is made (which always
+ * agrees), so that no first execution allocates. What no agreement can cover: a NULL or aborted communicator (or handle: mesh, layout, context,
  * layer), which leaves no way to reach the peers; ranks that do not make the call at all; the nonblocking
  * starts (*_async), which must return without waiting for the peers, and the point-to-point calls, which
  * involve two ranks only: neither ever agrees; and failures inside
- * the engine once a collective has started (DTL_ERR_COMM, or a hang if one rank's engine dies).
+ * the engine once a collective has started (DTL_ERR_COMM, or a hang if one rank's engine dies). Deadlines
+ * (dtl_comm_set_timeout below) turn what is left of the hangs (a rank that never makes the call, or makes it
+ * late, or fails alone without DTL_CHECK) into DTL_ERR_TIMEOUT on its peers.
  *
  * Threads. A communicator is used by one thread at a time, and so is everything built on it: the
  * communicators split from it, the meshes over it (with their dim communicators and plan cache), the

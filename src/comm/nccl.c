@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "comm/backend.h"
+#include "comm/deadline.h"
 #include "comm/device_memory.h"
 #include "dtl/nccl.h"
 
@@ -75,6 +76,7 @@ static dtl_status dtl__nccl_leave(dtl__nccl_scope *s, dtl_status st) { return dt
 
 /* The prologue of every communicating call: poll async errors, then make the comm's device current. */
 static dtl_status dtl__nccl_begin(dtl_comm *c, const char *fn, dtl__nccl_scope *s) {
+  DTL_TRY(dtl__comm_live(c, fn));
   DTL_TRY(dtl__nccl_poll(c, fn));
   return dtl__nccl_device_enter(c, fn, s);
 }
@@ -88,9 +90,14 @@ static dtl_status dtl__cuda_call(const char *fn, cudaError_t e) {
 }
 
 /* Waits for the stream while watching NCCL's error state, so that a failed peer surfaces as DTL_ERR_COMM
- * instead of a hang in cudaStreamSynchronize. */
+ * instead of a hang in cudaStreamSynchronize; under the communicator's deadline (comm.h) with its back-off, and
+ * DTL_ERR_TIMEOUT when the stream has not drained by then (the kernels stay enqueued: dtl_comm_abort, which calls
+ * ncclCommAbort on a communicator dtl made, releases them). */
 static dtl_status dtl__nccl_wait(dtl_comm *c, const char *fn) {
   dtl__nccl *n = dtl__nccl_of(c);
+  dtl__deadline d;
+  dtl__deadline_begin(&d, dtl__comm_timeout_s(c));
+  bool timed = dtl__comm_timed(c);
   for (;;) {
     cudaError_t e = cudaStreamQuery(n->stream);
     if (e == cudaSuccess) return DTL_OK;
@@ -100,7 +107,8 @@ static dtl_status dtl__nccl_wait(dtl_comm *c, const char *fn) {
       ncclCommGetAsyncError(n->comm, &state);
       if (state != ncclSuccess && state != ncclInProgress) return dtl__nccl_fail_as(n->comm, fn, "asynchronous ", state);
     }
-    sched_yield();
+    if (!timed) sched_yield();
+    else if (!dtl__deadline_backoff(&d)) return dtl__comm_timeout(c, fn, &d, "");
   }
 }
 
@@ -530,11 +538,14 @@ static dtl_status nccl_check(dtl_comm *c) {
   return DTL_OK;
 }
 
+/* A communicator dtl made (a split) is aborted with ncclCommAbort, which frees it. A borrowed one (the caller's
+ * ncclComm_t of dtl_comm_from_nccl) stays its owner's: dtl only stops using it, and its owner aborts it (comm.h). */
 static dtl_status nccl_abort(dtl_comm *c) {
   dtl__nccl *n = dtl__nccl_of(c);
   if (!n->comm) return DTL_OK;
   ncclComm_t comm = n->comm;
-  n->comm = NULL; /* ncclCommAbort frees it, whoever owned it */
+  n->comm = NULL;
+  if (!n->owns_comm) return DTL_OK;
   ncclResult_t r = ncclCommAbort(comm);
   if (r != ncclSuccess) return dtl__error(DTL_ERR_COMM, "dtl_comm_abort: NCCL error %d (%s)", (int)r, ncclGetErrorString(r));
   return DTL_OK;

@@ -125,15 +125,15 @@ DTL_API dtl_status dtl_plan_execute_with_workspace(const dtl_plan *p, const void
                                                    size_t ws_bytes);
 /* Starts an execution of p and returns at once, so that the transfer overlaps what the caller does next (a
  * pipeline stage sends micro-batch k while it computes k+1). Checks its arguments like dtl_plan_execute, runs the
- * local steps before the exchange and starts it, and stores in *req a request that dtl_test advances (each
- * round of an exchange in rounds starts when the previous one completes) and dtl_wait completes (placing what
- * arrived); the buffers belong to the execution until dtl_wait returns. The request is the plan's own (no
- * allocation per call beyond the plan's first): a plan has one execution in flight at a time, and every request
- * goes to dtl_wait exactly once. Like every nonblocking start it never agrees, even under DTL_CHECK (comm.h). MPI:
- * plans whose one communicating step is an exchange (any layouts without pending Partials, also between two
- * meshes), or none; a plan with a collective step is DTL_ERR_UNSUPPORTED naming it (run it with
- * dtl_plan_execute). NCCL: any plan, enqueued on the communicator's stream (already asynchronous), and the request
- * completes at once. A rank in neither mesh gets a request that completes at once. */
+ * local steps up to the first transfer and starts it, and stores in *req a request that dtl_test advances (each
+ * transfer of each step, among them each chunk of a chunked pack or unpack pass and each round of an exchange,
+ * starts when the one before it completes, and the local work between them runs then) and dtl_wait completes;
+ * the buffers belong to the execution until dtl_wait returns. Every plan runs this way, with the result of
+ * dtl_plan_execute in the same workspace (the plan's own), and a failure midway leaves no transfer in flight.
+ * The request is the plan's own (no allocation per call beyond the plan's first): a plan has one execution in
+ * flight at a time, and every request goes to dtl_wait exactly once. Like every nonblocking start it never
+ * agrees, even under DTL_CHECK (comm.h). NCCL: enqueued on the communicator's stream (already asynchronous), and
+ * the request completes at once. A rank in neither mesh gets a request that completes at once. */
 DTL_API dtl_status dtl_plan_execute_async(const dtl_plan *p, const void *src_local, void *dst_local, dtl_request **req);
 /* Workspace bytes that suffice for every call of dtl_plan_execute_with_workspace on this rank: the scratch
  * figure below, or more for a purely local plan run in place (src_local == dst_local). 0 for NULL. */

@@ -71,6 +71,13 @@ typedef struct dtl__comm_ops {
                                   const size_t *recv_counts, dtl_dtype t, dtl_request **req);
   dtl_status (*sendrecv_async)(dtl_comm *c, const void *send, size_t send_count, int dest, void *recv,
                                size_t recv_count, int source, dtl_dtype t, dtl_request **req);
+  /* The nonblocking forms of reduce_scatterv and all_to_allv_displs (same arguments and rules), for the plans that
+   * run nonblocking (dtl_plan_execute_async). */
+  dtl_status (*reduce_scatterv_async)(dtl_comm *c, const void *send, void *recv, const size_t *recv_counts,
+                                      dtl_dtype t, dtl_reduce_op op, dtl_request **req);
+  dtl_status (*all_to_allv_displs_async)(dtl_comm *c, const void *send, const size_t *send_counts,
+                                         const size_t *send_displs, void *recv, const size_t *recv_counts,
+                                         const size_t *recv_displs, dtl_dtype t, dtl_request **req);
   dtl_status (*wait)(dtl_request *req);
   dtl_status (*test)(dtl_request *req, bool *done);
 

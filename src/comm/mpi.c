@@ -631,29 +631,34 @@ static dtl_status mpi_reduce_scatter(dtl_comm *c, const void *send, void *recv, 
   return mpi_reduce_scatter_call(c, send, recv, recv_count, t, op, &k);
 }
 
-/* Only blocking: MPI_Ireduce_scatter exists, but dtl exposes no nonblocking uneven reduce-scatter. */
+static dtl_status mpi_reduce_scatterv_call(dtl_comm *c, const void *send, void *recv, const size_t *recv_counts,
+                                           dtl_dtype t, dtl_reduce_op op, dtl__mpi_call *k) {
+  size_t total = 0, es = dtl_dtype_size(t);
+  for (int i = 0; i < c->size; i++) total += recv_counts[i];
+  dtl__algo a = dtl__mpi_pick(c, k, DTL__COLL_REDUCE_SCATTER, true, t, op, total * es,
+                              dtl__beyond(recv_counts, c->size, dtl__mpi_of(c)->limit));
+  if (a != DTL__ALGO_MPI)
+    return dtl__mpi_algo(c, k, (dtl__algo_call){.coll = DTL__COLL_REDUCE_SCATTER, .algo = a, .send = send,
+                                                .recv = recv, .counts = recv_counts}, t, op);
+  int *ic, *id;
+  DTL_TRY(dtl__int_counts(k, c, "recv_counts", recv_counts, NULL, NULL, 0, &ic, &id));
+  const void *s;
+  void *r;
+  dtl__mpi_reduce_scatter_buffers(k, send, recv, (size_t)id[c->rank] * es, recv_counts[c->rank] * es, &s, &r);
+  dtl__mpi_avg_after(k, c, op, recv, recv_counts[c->rank], t);
+  MPI_Datatype dt = dtl__mpi_type(t);
+  MPI_Op mop = dtl__mpi_op(c, t, op);
+  MPI_Comm comm = dtl__mpi_of(c)->comm;
+  return DTL__ISSUE(k, MPI_Reduce_scatter(s, r, ic, dt, mop, comm),
+                    MPI_Ireduce_scatter(s, r, ic, dt, mop, comm, dtl__mpi_next(k)));
+}
+
 static dtl_status mpi_reduce_scatterv(dtl_comm *c, const void *send, void *recv, const size_t *recv_counts, dtl_dtype t,
                                       dtl_reduce_op op) {
   DTL__MPI_LIVE(c, "dtl_reduce_scatterv");
   dtl__mpi_call k;
   dtl__mpi_blocking(&k, c, "dtl_reduce_scatterv");
-  size_t total = 0, es = dtl_dtype_size(t);
-  for (int i = 0; i < c->size; i++) total += recv_counts[i];
-  dtl__algo a = dtl__mpi_pick(c, &k, DTL__COLL_REDUCE_SCATTER, true, t, op, total * es,
-                              dtl__beyond(recv_counts, c->size, dtl__mpi_of(c)->limit));
-  if (a != DTL__ALGO_MPI)
-    return dtl__mpi_algo(c, &k, (dtl__algo_call){.coll = DTL__COLL_REDUCE_SCATTER, .algo = a, .send = send,
-                                                 .recv = recv, .counts = recv_counts}, t, op);
-  int *ic = NULL, *id = NULL;
-  DTL_TRY(dtl__int_counts(&k, c, "recv_counts", recv_counts, NULL, NULL, 0, &ic, &id));
-  const void *s;
-  void *r;
-  dtl__mpi_reduce_scatter_buffers(&k, send, recv, (size_t)id[c->rank] * es, recv_counts[c->rank] * es, &s, &r);
-  dtl__mpi_avg_after(&k, c, op, recv, recv_counts[c->rank], t);
-  MPI_Datatype dt = dtl__mpi_type(t);
-  MPI_Op mop = dtl__mpi_op(c, t, op);
-  MPI_Comm comm = dtl__mpi_of(c)->comm;
-  return DTL__ISSUE(&k, MPI_Reduce_scatter(s, r, ic, dt, mop, comm), MPI_Ireduce_scatter(s, r, ic, dt, mop, comm, &k.one));
+  return mpi_reduce_scatterv_call(c, send, recv, recv_counts, t, op, &k);
 }
 
 static dtl_status mpi_all_to_all(dtl_comm *c, const void *send, void *recv, size_t count_per_peer, dtl_dtype t) {
@@ -671,7 +676,7 @@ static dtl_status mpi_all_to_allv(dtl_comm *c, const void *send, const size_t *s
   return mpi_all_to_allv_call(c, send, send_counts, NULL, recv, recv_counts, NULL, t, &k);
 }
 
-/* Blocking only: the executor's one user runs it between local passes. Never in place (MPI_IN_PLACE would
+/* The executor's: blocking between local passes, and nonblocking below for dtl_plan_execute_async. Never in place (MPI_IN_PLACE would
  * read the send blocks from the receive displacements). */
 static dtl_status mpi_all_to_allv_displs(dtl_comm *c, const void *send, const size_t *send_counts,
                                          const size_t *send_displs, void *recv, const size_t *recv_counts,
@@ -805,6 +810,18 @@ static dtl_status mpi_all_to_allv_async(dtl_comm *c, const void *send, const siz
                                         const size_t *recv_counts, dtl_dtype t, dtl_request **req) {
   DTL__MPI_ASYNC("dtl_all_to_allv_async",
                  mpi_all_to_allv_call(c, send, send_counts, NULL, recv, recv_counts, NULL, t, k));
+}
+
+static dtl_status mpi_reduce_scatterv_async(dtl_comm *c, const void *send, void *recv, const size_t *recv_counts,
+                                            dtl_dtype t, dtl_reduce_op op, dtl_request **req) {
+  DTL__MPI_ASYNC("dtl_reduce_scatterv_async", mpi_reduce_scatterv_call(c, send, recv, recv_counts, t, op, k));
+}
+
+static dtl_status mpi_all_to_allv_displs_async(dtl_comm *c, const void *send, const size_t *send_counts,
+                                               const size_t *send_displs, void *recv, const size_t *recv_counts,
+                                               const size_t *recv_displs, dtl_dtype t, dtl_request **req) {
+  DTL__MPI_ASYNC("dtl_all_to_allv_displs_async",
+                 mpi_all_to_allv_call(c, send, send_counts, send_displs, recv, recv_counts, recv_displs, t, k));
 }
 
 static dtl_status dtl__mpi_pair_wait(dtl__mpi_request *r);
@@ -1242,6 +1259,7 @@ static const dtl__comm_ops dtl__mpi_ops = {
     .all_gather_async = mpi_all_gather_async, .all_gatherv_async = mpi_all_gatherv_async,
     .all_reduce_async = mpi_all_reduce_async, .reduce_scatter_async = mpi_reduce_scatter_async,
     .all_to_all_async = mpi_all_to_all_async, .all_to_allv_async = mpi_all_to_allv_async,
+    .reduce_scatterv_async = mpi_reduce_scatterv_async, .all_to_allv_displs_async = mpi_all_to_allv_displs_async,
     .wait = mpi_wait, .test = mpi_test,
     .split = mpi_split, .check = mpi_check, .abort = mpi_abort, .destroy = mpi_destroy,
     .synchronize = mpi_synchronize,

@@ -2,7 +2,8 @@
 /* The all-to-all runner, S(i) -> S(j) over one mesh dim: which piece of its box each rank sends to and
  * receives from every peer (clipped to a chunk when the step is chunked), the pack and unpack passes, and the
  * two ways to exchange: back to back through pack and receive buffers (any transport), or at explicit
- * displacements (all_to_allv_displs), moving pieces in place wherever they are contiguous runs. */
+ * displacements (all_to_allv_displs), moving pieces in place wherever they are contiguous runs; in parts, one per
+ * chunk (executor_internal.h). */
 #include <stdlib.h>
 #include <string.h>
 #include "redistribute/executor_internal.h"
@@ -107,62 +108,73 @@ static dtl_status dtl__a2a_pack_displs(const dtl__ex_ctx *x, const dtl__ex_step 
   return DTL_OK;
 }
 
-/* The all-to-all on a transport with all_to_allv_displs: each side moves in place where its pieces allow, and
- * this rank's own piece is copied directly unless self < 0. Chunked (e->crows), through the two chunk regions
- * of tmp; otherwise through tmp as the unchunked analysis sized it. */
-static dtl_status dtl__all_to_all_displs(const dtl__ex_ctx *x, const dtl__ex_step *e, dtl_comm *c, int self,
-                                         const void *in, void *out, void *tmp) {
-  bool overlaid = in == out;
-  void *tsend = tmp, *trecv = e->crows ? dtl__at(tmp, e->tsend, x->es) : tmp;
-  for (int64_t r0 = 0; r0 < (e->crows ? e->rows : 1); r0 += e->crows ? e->crows : 1) {
-    bool sin = dtl__a2a_side(x, e, c, r0, false, self, overlaid);
-    bool rin = dtl__a2a_side(x, e, c, r0, true, self, overlaid);
-    if (!sin) DTL_TRY(dtl__a2a_pack_displs(x, e, c, r0, in, tsend));
-    /* Unchunked with both sides packed, tmp holds the send: the blocks arrive in the output, then move to tmp
-     * (free again once sent) to be placed. */
-    bool via_out = !rin && !sin && !e->crows;
-    void *recv = rin || via_out ? out : trecv;
-    DTL_TRY(dtl__ex_exchange_displs(c, sin ? in : tsend, x->cnt_a, x->dsp_a, recv, x->cnt_b, x->dsp_b, x->t));
-    if (rin) continue;
-    if (via_out) {
+/* The all-to-all's parts: on a transport with all_to_allv_displs, when the step scatters or is chunked, each side
+ * moves in place where its pieces allow (dtl__a2a_side), one part per chunk (through the two chunk regions of
+ * tmp) or one through tmp as the unchunked analysis sized it, and a last part copies this rank's own piece
+ * directly (self >= 0); otherwise one part per chunk through the two chunk regions, or one part. */
+static bool dtl__a2a_displs(const dtl__ex_step *e, dtl_comm *c) {
+  return c->ops->all_to_allv_displs && (e->scattered || e->crows);
+}
+
+static int dtl__a2a_self(const dtl__ex_step *e, dtl_comm *c, const void *in, const void *out) {
+  return dtl__a2a_displs(e, c) ? dtl__ex_own_block(c, e->pack || e->unpack, in, out) : -1;
+}
+
+int dtl__a2a_parts(const dtl__ex_step *e, dtl_comm *c, const void *in, const void *out) {
+  if (e->total == 0) return 0; /* the group's box is empty on every member alike */
+  int chunks = (int)(e->crows ? dtl__ex_nchunks(e->rows, e->crows) : 1);
+  return chunks + (dtl__a2a_self(e, c, in, out) >= 0);
+}
+
+/* Unchunked with both sides packed, tmp holds the send: the blocks arrive in the output, then move to tmp (free
+ * again once sent) to be placed. */
+static bool dtl__a2a_via_out(const dtl__ex_step *e, const dtl__ex_part *s) { return !s->rin && !s->sin && !e->crows; }
+
+dtl_status dtl__a2a_part_start(const dtl__ex_ctx *x, const dtl__ex_step *e, dtl_comm *c, dtl__ex_part *s, const void *in,
+                         void *out, void *tmp, dtl_request **req) {
+  int g = c->size;
+  int64_t is[DTL_MAX_TENSOR_DIMS], io[DTL_MAX_TENSOR_DIMS], r0 = (int64_t)s->j * e->crows;
+  if (dtl__a2a_displs(e, c)) {
+    int self = dtl__a2a_self(e, c, in, out);
+    if (self >= 0 && s->j == dtl__a2a_parts(e, c, in, out) - 1) return DTL_OK; /* the own piece: in part_done */
+    bool overlaid = in == out;
+    void *tsend = tmp, *trecv = e->crows ? dtl__at(tmp, e->tsend, x->es) : tmp;
+    s->sin = dtl__a2a_side(x, e, c, r0, false, self, overlaid);
+    s->rin = dtl__a2a_side(x, e, c, r0, true, self, overlaid);
+    if (!s->sin) DTL_TRY(dtl__a2a_pack_displs(x, e, c, r0, in, tsend));
+    void *recv = s->rin || dtl__a2a_via_out(e, s) ? out : trecv;
+    return dtl__ex_exchange_displs(c, s->sin ? in : tsend, x->cnt_a, x->dsp_a, recv, x->cnt_b, x->dsp_b, x->t, req);
+  }
+  if (e->crows) { /* equal blocks stay equal in every chunk (same clipping) */
+    void *tsend = tmp, *trecv = dtl__at(tmp, e->tsend, x->es);
+    DTL_TRY(dtl__a2a_pack(x, e, c, r0, in, tsend));
+    for (int k = 0; k < g; k++) x->cnt_b[k] = dtl__a2a_piece(x, e, k, true, r0, is, io);
+    return dtl__ex_exchange(c, e->even, tsend, x->cnt_a, trecv, x->cnt_b, x->t, req);
+  }
+  DTL_TRY(dtl__a2a_pack(x, e, c, 0, in, tmp));
+  for (int k = 0; k < g; k++) x->cnt_b[k] = dtl__a2a_piece(x, e, k, true, 0, is, io);
+  /* Unpacking while tmp still holds what is being sent: receive into the output, then move it to tmp to place it. */
+  void *recv = !e->unpack || e->pack ? out : tmp;
+  return dtl__ex_exchange(c, e->even, e->pack ? tmp : in, x->cnt_a, recv, x->cnt_b, x->t, req);
+}
+
+dtl_status dtl__a2a_part_done(const dtl__ex_ctx *x, const dtl__ex_step *e, dtl_comm *c, dtl__ex_part *s,
+                              const void *in, void *out, void *tmp) {
+  int64_t r0 = (int64_t)s->j * e->crows;
+  if (dtl__a2a_displs(e, c)) {
+    int self = dtl__a2a_self(e, c, in, out);
+    if (self >= 0 && s->j == dtl__a2a_parts(e, c, in, out) - 1) return dtl__ex_copy_own(x, e, c, in, out);
+    if (s->rin) return DTL_OK;
+    void *trecv = e->crows ? dtl__at(tmp, e->tsend, x->es) : tmp;
+    if (dtl__a2a_via_out(e, s)) {
       size_t got = 0;
       for (int k = 0; k < c->size; k++) got += x->cnt_b[k];
       DTL_TRY(dtl__mem_copy(&c->mem, tmp, out, got * x->es));
     }
-    DTL_TRY(dtl__a2a_unpack(x, e, c, r0, trecv, out));
+    return dtl__a2a_unpack(x, e, c, r0, trecv, out);
   }
-  return self >= 0 ? dtl__ex_copy_own(x, e, c, in, out) : DTL_OK;
-}
-
-dtl_status dtl__ex_run_all_to_all(const dtl__ex_ctx *x, const dtl__ex_step *e, dtl_comm *c, const void *in, void *out,
-                                  void *tmp) {
-  int g = c->size;
-  int64_t is[DTL_MAX_TENSOR_DIMS], io[DTL_MAX_TENSOR_DIMS];
-  if (e->total == 0) return DTL_OK; /* the group's box is empty on every member alike */
-  if (c->ops->all_to_allv_displs && (e->scattered || e->crows))
-    return dtl__all_to_all_displs(x, e, c, dtl__ex_own_block(c, e->pack || e->unpack, in, out), in, out, tmp);
-  if (e->crows) {
-    /* Chunk by chunk through two chunk regions; equal blocks stay equal in every chunk (same clipping). */
-    void *tsend = tmp, *trecv = dtl__at(tmp, e->tsend, x->es);
-    for (int64_t r0 = 0; r0 < e->rows; r0 += e->crows) {
-      DTL_TRY(dtl__a2a_pack(x, e, c, r0, in, tsend));
-      for (int k = 0; k < g; k++) x->cnt_b[k] = dtl__a2a_piece(x, e, k, true, r0, is, io);
-      DTL_TRY(dtl__ex_exchange(c, e->even, tsend, x->cnt_a, trecv, x->cnt_b, x->t));
-      DTL_TRY(dtl__a2a_unpack(x, e, c, r0, trecv, out));
-    }
-    return DTL_OK;
-  }
-  DTL_TRY(dtl__a2a_pack(x, e, c, 0, in, tmp));
-  for (int k = 0; k < g; k++) x->cnt_b[k] = dtl__a2a_piece(x, e, k, true, 0, is, io);
-  const void *send = e->pack ? tmp : in;
-  if (!e->unpack) return dtl__ex_exchange(c, e->even, send, x->cnt_a, out, x->cnt_b, x->t);
-  if (e->pack) {
-    /* tmp still holds what is being sent: receive into the output, then move it to tmp to place it. */
-    DTL_TRY(dtl__ex_exchange(c, e->even, send, x->cnt_a, out, x->cnt_b, x->t));
-    DTL_TRY(dtl__mem_copy(&c->mem, tmp, out, e->b * x->es));
-  } else {
-    DTL_TRY(dtl__ex_exchange(c, e->even, send, x->cnt_a, tmp, x->cnt_b, x->t));
-  }
+  if (e->crows) return dtl__a2a_unpack(x, e, c, r0, dtl__at(tmp, e->tsend, x->es), out);
+  if (!e->unpack) return DTL_OK;
+  if (e->pack) DTL_TRY(dtl__mem_copy(&c->mem, tmp, out, e->b * x->es));
   return dtl__a2a_unpack(x, e, c, 0, tmp, out);
 }
-

@@ -3,8 +3,8 @@
  * round. A piece that is one contiguous run of this rank's box moves in place; the others are packed into, or
  * unpacked from, the regions the step's mode names; the rank's own piece is one box copy; a rank that holds the
  * identity of a Partial target fills instead of receiving. The messages go point to point (the transport's
- * exchange), so ranks with nothing to move take no part. The same code runs blocking (dtl_plan_execute) and as the
- * start and finish halves of dtl_plan_execute_async. */
+ * exchange), so ranks with nothing to move take no part. It runs in parts (executor_internal.h), blocking or started
+ * nonblocking and finished once complete. */
 #include <string.h>
 #include "redistribute/executor_internal.h"
 
@@ -208,18 +208,22 @@ static dtl_status dtl__xlocal(const dtl__ex_ctx *c_, const dtl__ex_step *e, dtl_
   return dtl__mem_copy_box(&c->mem, in, out, &b);
 }
 
-dtl_status dtl__xchg_begin(const dtl__ex_ctx *c_, const dtl__ex_step *e, dtl_comm *c, const void *in, void *out) {
-  if (!c->ops->exchange)
-    return dtl__error(DTL_ERR_UNSUPPORTED, "the %s transport has no point-to-point exchange", c->ops->name);
-  return e->x->mode == DTL__X_APART ? dtl__xlocal(c_, e, c, in, out) : DTL_OK;
-}
+/* The exchange's parts: the own piece or fill (the apart mode), each round, the own piece or fill (the other
+ * modes). A round started nonblocking is placed in dtl__xchg_part_done once it completed; a round in which this
+ * rank moves nothing, and every blocking one, is placed at once. */
+int dtl__xchg_parts(const dtl__ex_step *e) { return e->x->xrounds + 2; }
 
-dtl_status dtl__xchg_round(const dtl__ex_ctx *c_, const dtl__ex_step *e, dtl_comm *c, int r, const void *in, void *out,
-                           void *tmp, dtl_request **req) {
+dtl_status dtl__xchg_part_start(const dtl__ex_ctx *c_, const dtl__ex_step *e, dtl_comm *c, int j, const void *in, void *out,
+                          void *tmp, dtl_request **req) {
   const dtl__xstep *x = e->x;
-  int64_t r0 = (int64_t)r * x->xrows;
+  if (j == 0) {
+    if (!c->ops->exchange)
+      return dtl__error(DTL_ERR_UNSUPPORTED, "the %s transport has no point-to-point exchange", c->ops->name);
+    return x->mode == DTL__X_APART ? dtl__xlocal(c_, e, c, in, out) : DTL_OK;
+  }
+  if (j > x->xrounds) return x->mode == DTL__X_APART ? DTL_OK : dtl__xlocal(c_, e, c, in, out);
+  int64_t r0 = (int64_t)(j - 1) * x->xrows;
   int ns, nr;
-  if (req) *req = NULL;
   dtl_status st = DTL_OK;
   if (!req && dtl__xround_pipelined(c_, e, c, r0, in, out, tmp, &st)) return st;
   DTL_TRY(dtl__xround_start(c_, e, c, r0, in, out, tmp, &ns, &nr));
@@ -228,17 +232,6 @@ dtl_status dtl__xchg_round(const dtl__ex_ctx *c_, const dtl__ex_step *e, dtl_com
   return req && *req ? DTL_OK : dtl__xround_finish(c_, e, c, r0, out, tmp);
 }
 
-dtl_status dtl__xchg_round_done(const dtl__ex_ctx *c_, const dtl__ex_step *e, dtl_comm *c, int r, void *out, void *tmp) {
-  return dtl__xround_finish(c_, e, c, (int64_t)r * e->x->xrows, out, tmp);
-}
-
-dtl_status dtl__xchg_end(const dtl__ex_ctx *c_, const dtl__ex_step *e, dtl_comm *c, const void *in, void *out) {
-  return e->x->mode == DTL__X_APART ? DTL_OK : dtl__xlocal(c_, e, c, in, out);
-}
-
-dtl_status dtl__ex_run_exchange(const dtl__ex_ctx *c_, const dtl__ex_step *e, dtl_comm *c, const void *in, void *out,
-                                void *tmp) {
-  DTL_TRY(dtl__xchg_begin(c_, e, c, in, out));
-  for (int r = 0; r < e->x->xrounds; r++) DTL_TRY(dtl__xchg_round(c_, e, c, r, in, out, tmp, NULL));
-  return dtl__xchg_end(c_, e, c, in, out);
+dtl_status dtl__xchg_part_done(const dtl__ex_ctx *c_, const dtl__ex_step *e, dtl_comm *c, int j, void *out, void *tmp) {
+  return j >= 1 && j <= e->x->xrounds ? dtl__xround_finish(c_, e, c, (int64_t)(j - 1) * e->x->xrows, out, tmp) : DTL_OK;
 }

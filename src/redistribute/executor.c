@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* The driver: dtl_plan_execute and its workspace form. It checks the call's buffers, picks the compiled
- * placement for them (distinct, or the same pointer for a purely local plan), and walks the compiled steps,
- * each on the communicator of its mesh dim. Everything else was derived when the plan was created
- * (compile.c), so a call reads no environment and allocates nothing: scratch comes from the caller's
- * workspace or from the plan's own, which its first execution allocates in the mesh communicator's memory
+/* The driver: dtl_plan_execute, its workspace form and dtl_plan_execute_async. It checks the call's buffers, picks
+ * the compiled placement for them (distinct, or the same pointer for a purely local plan), and walks the compiled
+ * steps and their parts, each on the communicator of its mesh dim: one machine, run to the end with blocking
+ * transfers or kept in the plan's request and moved on by dtl_test and dtl_wait. Everything else was derived when
+ * the plan was created (compile.c), so a call reads no environment and allocates nothing: scratch comes from the
+ * caller's workspace or from the plan's own, which its first execution allocates in the mesh communicator's memory
  * (lazily, so that plans that are only explained, cached or run with a caller's workspace never hold any). */
 #include <stdlib.h>
 #include <string.h>
@@ -88,32 +89,130 @@ static void *dtl__step_tmp(const dtl__ex_layout *L, int k, const dtl__ex_step *e
   return dtl__at(base[tmp], data, es);
 }
 
-/* Runs steps [0, n) of p in placement L over the buffers in base; pc is the plan's communicator (the exchange's). */
-static dtl_status dtl__run_steps(const char *fn, const dtl_plan *p, const dtl__ex_layout *L, const dtl__ex_ctx *ctx,
-                                 void *const *base, dtl_comm *pc, int n) {
-  const struct dtl__plan_exec *x = p->exec;
-  size_t es = ctx->es;
-  for (int k = 0; k < n; k++) {
-    const dtl__ex_step *e = &x->ex[k];
-    if (e->op == EX_NONE) continue;
-    int in = L->in[k], out = L->out[k];
-    void *tp = dtl__step_tmp(L, k, e, base, es);
-    dtl_comm *c = e->op == EX_EXCHANGE ? pc : p->src.mesh->dim_comm[e->m];
-    dtl_status st;
-    if (L->staged[k]) {
-      char *staging = dtl__at(tp, e->t, es);
-      st = dtl__ex_run_step(ctx, e, c, base[in], staging, e->t ? tp : NULL);
-      if (st == DTL_OK && e->b) st = dtl__mem_copy(&c->mem, base[out], staging, e->b * es);
-    } else {
-      st = dtl__ex_run_step(ctx, e, c, base[in], base[out], tp);
-    }
-    if (st != DTL_OK) {
-      if (e->op == EX_EXCHANGE) return dtl__error_prefix(st, "%s: step %d (exchange)", fn, k);
-      return dtl__error_prefix(st, "%s: step %d (%s on mesh dim %d)", fn, k, dtl__plan_step_name(p->steps[k].kind),
-                               p->steps[k].mesh_dim);
-    }
+/* --- the walk over the steps ----------------------------------------------------------------------------------
+ * One execution, blocking or not, is this machine: it walks the steps and each step's parts (executor_internal.h),
+ * running local work when it reaches it and each part's transfer either blocking or started nonblocking, to be
+ * completed by dtl_test or dtl_wait. dtl_plan_execute runs it to completion on the stack; dtl_plan_execute_async
+ * keeps it in the plan's request. Both use the same placement and scratch. */
+typedef struct {
+  const char *fn;
+  const dtl_plan *p;
+  const dtl__ex_layout *L;
+  dtl__ex_ctx ctx;
+  void *buf[AT_NPLACES]; /* src, dst, workspace */
+  dtl_comm *pc;          /* the plan's communicator (the exchange's) */
+  int k, n;              /* the step (-1: none begun yet; nsteps: all done) and its number of parts */
+  dtl__ex_part part;     /* the part of step k */
+  dtl_comm *c;           /* step k's communicator and buffers (out: its staging region when it is staged) */
+  void *in, *out, *tmp;
+  dtl_request *inner; /* the transfer of the part in flight (NULL: none) */
+  bool done;
+  dtl_status st;
+} dtl__ex_run;
+
+enum { DTL__RUN_BLOCKING, DTL__RUN_TEST, DTL__RUN_WAIT };
+
+static void dtl__run_init(dtl__ex_run *r, const char *fn, const dtl_plan *p, const dtl__ex_layout *L, dtl_comm *pc,
+                          const void *src_local, void *dst_local, void *ws) {
+  size_t *counts = p->exec->counts;
+  int g = p->exec->gmax;
+  /* Field by field, not a memset of the whole: this is on the path of every blocking call (bench/
+   * dtl_redistribute_perf's cached-plan overhead), and what dtl__run_next sets per step needs no zeroing. */
+  r->fn = fn;
+  r->p = p;
+  r->L = L;
+  r->ctx = (dtl__ex_ctx){p->src.ndim, dtl_dtype_size(p->src.dtype), p->src.dtype, counts, counts + g, counts + 2 * g,
+                         counts + 3 * g, counts + 4 * g};
+  r->buf[AT_SRC] = (void *)(uintptr_t)src_local;
+  r->buf[AT_DST] = dst_local;
+  r->buf[AT_SCR] = ws;
+  r->pc = pc;
+  r->k = -1;
+  r->n = 0;
+  r->inner = NULL;
+  r->done = false;
+  r->st = DTL_OK;
+}
+
+static dtl_status dtl__inner_wait(dtl_request *in) { return in->wait ? in->wait(in) : in->comm->ops->wait(in); }
+
+/* A failure of step k: no transfer stays in flight (its buffers go back to the caller), and the message names the
+ * step. */
+static dtl_status dtl__run_failed(dtl__ex_run *r, dtl_status st) {
+  if (r->inner) {
+    dtl_request *in = r->inner;
+    r->inner = NULL;
+    (void)dtl__inner_wait(in);
   }
+  r->done = true;
+  const dtl_plan *p = r->p;
+  if (r->k < 0 || r->k >= p->nsteps) return r->st = dtl__error_prefix(st, "%s", r->fn);
+  if (p->exec->ex[r->k].op == EX_EXCHANGE) return r->st = dtl__error_prefix(st, "%s: step %d (exchange)", r->fn, r->k);
+  return r->st = dtl__error_prefix(st, "%s: step %d (%s on mesh dim %d)", r->fn, r->k,
+                                   dtl__plan_step_name(p->steps[r->k].kind), p->steps[r->k].mesh_dim);
+}
+
+/* Ends step k (its staging copy) and begins the next one, or after the last one moves the result into dst. */
+static dtl_status dtl__run_next(dtl__ex_run *r) {
+  const dtl_plan *p = r->p;
+  const struct dtl__plan_exec *x = p->exec;
+  const dtl__ex_layout *L = r->L;
+  size_t es = r->ctx.es;
+  if (r->k >= 0) {
+    const dtl__ex_step *e = &x->ex[r->k];
+    if (e->op != EX_NONE && L->staged[r->k] && e->b)
+      DTL_TRY(dtl__mem_copy(&r->c->mem, r->buf[L->out[r->k]], r->out, e->b * es));
+  }
+  int k = ++r->k;
+  if (k == p->nsteps) {
+    size_t d0 = p->dst.local_count;
+    if (L->final_at != AT_DST && d0)
+      DTL_TRY(dtl__mem_copy(dtl__mesh_mem(p->dst.mesh), r->buf[AT_DST], r->buf[L->final_at], d0 * es));
+    r->done = true;
+    return DTL_OK;
+  }
+  const dtl__ex_step *e = &x->ex[k];
+  r->part = (dtl__ex_part){0};
+  r->n = 0;
+  if (e->op == EX_NONE) return DTL_OK;
+  r->c = e->op == EX_EXCHANGE ? r->pc : p->src.mesh->dim_comm[e->m];
+  void *tp = dtl__step_tmp(L, k, e, r->buf, es);
+  r->in = r->buf[L->in[k]];
+  r->out = L->staged[k] ? dtl__at(tp, e->t, es) : r->buf[L->out[k]];
+  r->tmp = L->staged[k] && !e->t ? NULL : tp;
+  r->n = dtl__ex_parts(e, r->c, r->in, r->out);
   return DTL_OK;
+}
+
+/* Moves the execution on: blocking, to its end with every transfer blocking; wait, to its end, completing each
+ * transfer started nonblocking; test, as far as it goes without blocking. */
+static dtl_status dtl__run_advance(dtl__ex_run *r, int mode) {
+  const dtl_plan *p = r->p;
+  dtl_request **req = mode == DTL__RUN_BLOCKING ? NULL : &r->inner;
+  while (!r->done) {
+    const dtl__ex_step *e = r->k >= 0 ? &p->exec->ex[r->k] : NULL;
+    dtl_status st;
+    if (r->inner) {
+      dtl_request *in = r->inner;
+      if (mode == DTL__RUN_TEST) {
+        bool ok = false;
+        st = in->test ? in->test(in, &ok) : in->comm->ops->test(in, &ok);
+        if (st != DTL_OK) return dtl__run_failed(r, st);
+        if (!ok) return DTL_OK;
+      }
+      r->inner = NULL;
+      st = dtl__inner_wait(in);
+      if (st == DTL_OK) st = dtl__ex_part_done(&r->ctx, e, r->c, &r->part, r->in, r->out, r->tmp);
+      r->part.j++;
+    } else if (e && r->part.j < r->n) {
+      st = dtl__ex_part_start(&r->ctx, e, r->c, &r->part, r->in, r->out, r->tmp, req);
+      if (!r->inner) r->part.j++;
+    } else {
+      st = dtl__run_next(r);
+    }
+    if (st != DTL_OK) return dtl__run_failed(r, st);
+  }
+  return r->st;
 }
 
 /* dtl__plan_run, with the DTL_CHECK agreement or (a nonblocking start, which never waits for its peers) without. */
@@ -138,13 +237,9 @@ static dtl_status dtl__plan_exec_steps(const char *fn, const dtl_plan *p, const 
   /* Every check and allocation is behind us: with DTL_CHECK the ranks agree here, before the first step. */
   if (agree) st = dtl__plan_agree(fn, p, st);
   if (st != DTL_OK) return st;
-  size_t es = dtl_dtype_size(p->src.dtype), d0 = p->dst.local_count, *counts = x->counts;
-  int g = x->gmax;
-  dtl__ex_ctx ctx = {p->src.ndim, es, p->src.dtype, counts, counts + g, counts + 2 * g, counts + 3 * g, counts + 4 * g};
-  void *base[AT_NPLACES] = {(void *)(uintptr_t)src_local, dst_local, ws};
-  DTL_TRY(dtl__run_steps(fn, p, L, &ctx, base, pc, p->nsteps));
-  if (L->final_at != AT_DST && d0) DTL_TRY(dtl__mem_copy(dtl__mesh_mem(p->dst.mesh), dst_local, base[L->final_at], d0 * es));
-  return DTL_OK;
+  dtl__ex_run r;
+  dtl__run_init(&r, fn, p, L, pc, src_local, dst_local, ws);
+  return dtl__run_advance(&r, DTL__RUN_BLOCKING);
 }
 
 dtl_status dtl__plan_run(const char *fn, const dtl_plan *p, const void *src_local, void *dst_local, bool own,
@@ -163,178 +258,26 @@ dtl_status dtl_plan_execute_with_workspace(const dtl_plan *p, const void *src_lo
 
 /* --- nonblocking execution ------------------------------------------------------------------------------------ */
 
-/* A plan's one nonblocking execution: the local steps before its communicating step k ran at the start, which also
- * started k; an exchange then runs round by round (each round started by the previous one's completion, in dtl_test
- * or dtl_wait); after k completes, the local steps after it and the final copy run. */
+/* A plan's one nonblocking execution: the machine above, started by dtl_plan_execute_async and moved on by dtl_test
+ * and dtl_wait. */
 struct dtl__plan_request {
   struct dtl_request base;
-  const dtl_plan *plan;
-  const dtl__ex_layout *L;
-  dtl__ex_ctx ctx;
-  void *buf[AT_NPLACES]; /* src, dst, workspace */
-  int k;                 /* the communicating step (nsteps: none) */
-  void *in, *out, *tmp;  /* its buffers (out: the staging region when it is staged) */
-  int round;             /* an exchange's round in flight (xrounds: all done) */
-  dtl_request *inner;    /* the transport's request in flight (NULL: none) */
-  bool busy, done;
-  dtl_status st;
+  dtl__ex_run run;
+  bool busy;
 };
-
-/* The transport's nonblocking form of collective step e (in, out), started into *req; false when there is none (req
- * NULL: only says whether there is). */
-static bool dtl__collective_async(const dtl__ex_ctx *x, const dtl__ex_step *e, dtl_comm *c, const void *in, void *out,
-                                  dtl_request **req, dtl_status *st) {
-  const dtl__comm_ops *o = c->ops;
-  switch (e->op) {
-    case EX_ALL_REDUCE:
-      if (!o->all_reduce_async) return false;
-      if (req) *st = e->a ? o->all_reduce_async(c, in, out, e->a, x->t, e->rop, req) : DTL_OK;
-      return true;
-    case EX_GATHER: {
-      if (e->unpack || !o->all_gather_async || !o->all_gatherv_async) return false;
-      if (!req) return true;
-      const size_t *n = e->peers[0].count;
-      bool even = true;
-      for (int k = 1; k < c->size; k++) even &= n[k] == n[0];
-      *st = e->total == 0 ? DTL_OK : even ? o->all_gather_async(c, in, out, e->a, x->t, req)
-                                          : o->all_gatherv_async(c, in, e->a, out, n, x->t, req);
-      return true;
-    }
-    case EX_REDUCE_SCATTER: {
-      if (e->pack || !o->reduce_scatter_async) return false;
-      const size_t *n = e->peers[1].count;
-      for (int k = 1; k < e->g; k++)
-        if (n[k] != n[0]) return false; /* uneven: no nonblocking reduce-scatter-v */
-      if (req) *st = e->a ? o->reduce_scatter_async(c, in, out, n[0], x->t, e->rop, req) : DTL_OK;
-      return true;
-    }
-    case EX_ALL_TO_ALL: {
-      if (e->pack || e->unpack || e->crows || e->scattered || !o->all_to_all_async || !o->all_to_allv_async) return false;
-      if (!req) return true;
-      int64_t is[DTL_MAX_TENSOR_DIMS], io[DTL_MAX_TENSOR_DIMS], ps[DTL_MAX_TENSOR_DIMS], po[DTL_MAX_TENSOR_DIMS];
-      for (int k = 0; k < c->size; k++) { /* what goes to and comes from each peer: its box within the other side */
-        dtl__ex_peer_box(e, x->nd, 1, k, ps, po);
-        x->cnt_a[k] = dtl__ex_intersect(x->nd, e->in_shape, e->in_off, ps, po, is, io) ? dtl__box_count(x->nd, is) : 0;
-        dtl__ex_peer_box(e, x->nd, 0, k, ps, po);
-        x->cnt_b[k] = dtl__ex_intersect(x->nd, ps, po, e->out_shape, e->out_off, is, io) ? dtl__box_count(x->nd, is) : 0;
-      }
-      *st = e->total == 0 ? DTL_OK : e->even ? o->all_to_all_async(c, in, out, x->cnt_a[0], x->t, req)
-                                             : o->all_to_allv_async(c, in, x->cnt_a, out, x->cnt_b, x->t, req);
-      return true;
-    }
-    default: return false;
-  }
-}
-
-/* The steps after the communicating one: its staging copy, the local steps, the final copy into dst. */
-static dtl_status dtl__req_tail(struct dtl__plan_request *r) {
-  const dtl_plan *p = r->plan;
-  const struct dtl__plan_exec *x = p->exec;
-  size_t es = r->ctx.es, d0 = p->dst.local_count;
-  int k = r->k;
-  if (k < p->nsteps) {
-    const dtl__ex_step *e = &x->ex[k];
-    if (e->op == EX_EXCHANGE) DTL_TRY(dtl__xchg_end(&r->ctx, e, r->base.comm, r->in, r->out));
-    if (r->L->staged[k] && e->b) DTL_TRY(dtl__mem_copy(&r->base.comm->mem, r->buf[r->L->out[k]], r->out, e->b * es));
-    for (int j = k + 1; j < p->nsteps; j++) { /* local: no communicator is used but for its memory */
-      const dtl__ex_step *f = &x->ex[j];
-      if (f->op == EX_NONE) continue;
-      void *tp = dtl__step_tmp(r->L, j, f, r->buf, es);
-      void *out = r->L->staged[j] ? dtl__at(tp, f->t, es) : r->buf[r->L->out[j]];
-      DTL_TRY(dtl__ex_run_step(&r->ctx, f, r->base.comm, r->buf[r->L->in[j]], out, tp));
-      if (r->L->staged[j] && f->b) DTL_TRY(dtl__mem_copy(&r->base.comm->mem, r->buf[r->L->out[j]], out, f->b * es));
-    }
-  }
-  if (r->L->final_at != AT_DST && d0)
-    DTL_TRY(dtl__mem_copy(dtl__mesh_mem(p->dst.mesh), r->buf[AT_DST], r->buf[r->L->final_at], d0 * es));
-  return DTL_OK;
-}
-
-static dtl_status dtl__inner_wait(dtl_request *in) { return in->wait ? in->wait(in) : in->comm->ops->wait(in); }
-
-/* Moves the execution on: when wait, until it is complete; else as far as it can without blocking. */
-static dtl_status dtl__req_advance(struct dtl__plan_request *r, bool wait) {
-  const dtl_plan *p = r->plan;
-  const dtl__ex_step *e = r->k < p->nsteps ? &p->exec->ex[r->k] : NULL;
-  bool exchange = e && e->op == EX_EXCHANGE;
-  int rounds = exchange ? e->x->xrounds : 0;
-  while (!r->done && r->st == DTL_OK) {
-    if (r->inner) {
-      if (!wait) {
-        bool ok = false;
-        dtl_request *in = r->inner;
-        r->st = in->test ? in->test(in, &ok) : in->comm->ops->test(in, &ok);
-        if (r->st != DTL_OK || !ok) return r->st;
-      }
-      dtl_request *in = r->inner;
-      r->inner = NULL;
-      r->st = dtl__inner_wait(in);
-      if (r->st != DTL_OK || !exchange) continue;
-      r->st = dtl__xchg_round_done(&r->ctx, e, r->base.comm, r->round, r->out, r->tmp);
-      r->round++;
-      continue;
-    }
-    if (r->round < rounds) {
-      r->st = dtl__xchg_round(&r->ctx, e, r->base.comm, r->round, r->in, r->out, r->tmp, &r->inner);
-      if (r->st == DTL_OK && !r->inner) r->round++; /* this rank moved nothing in the round: already placed */
-      continue;
-    }
-    r->st = dtl__req_tail(r);
-    r->done = true;
-  }
-  return r->st;
-}
 
 static dtl_status dtl__req_test(dtl_request *req, bool *done) {
   struct dtl__plan_request *r = (struct dtl__plan_request *)req;
-  dtl_status st = dtl__req_advance(r, false);
-  *done = r->done || st != DTL_OK;
+  dtl_status st = dtl__run_advance(&r->run, DTL__RUN_TEST);
+  *done = r->run.done;
   return st;
 }
 
 static dtl_status dtl__req_wait(dtl_request *req) {
   struct dtl__plan_request *r = (struct dtl__plan_request *)req;
-  dtl_status st = dtl__req_advance(r, true);
-  if (r->inner) { /* a failure left a transfer in flight: complete it before its buffers go back to the caller */
-    dtl_request *in = r->inner;
-    r->inner = NULL;
-    (void)dtl__inner_wait(in);
-  }
+  dtl_status st = dtl__run_advance(&r->run, DTL__RUN_WAIT);
   r->busy = false;
   return st == DTL_OK ? DTL_OK : dtl__error_prefix(st, "dtl_wait (dtl_plan_execute_async)");
-}
-
-/* The one communicating step of p (p->nsteps: none), or -1 with *why set when p cannot run nonblocking on MPI. The
- * rule reads the plan's steps only, so that every rank of both meshes decides alike (a rank outside the mesh of a
- * step has nothing to run there): at most one step may communicate, and it must be an exchange, an all-reduce, or an
- * all-gather of a tensor dim with no dim of extent > 1 before it (its blocks land in place on every rank). */
-static int dtl__async_step(const dtl_plan *p, char *why, size_t cap) {
-  const dtl_mesh *m = p->src.mesh;
-  int found = p->nsteps;
-  for (int k = 0; k < p->nsteps; k++) {
-    const dtl__plan_step *st = &p->steps[k];
-    bool comm = st->kind == DTL__STEP_EXCHANGE ||
-                (st->kind != DTL__STEP_LOCAL_SLICE && st->kind != DTL__STEP_LOCAL_PARTIAL && m->shape[st->mesh_dim] > 1);
-    if (!comm) continue;
-    if (found < p->nsteps) {
-      snprintf(why, cap, "plan steps %d and %d both communicate; a nonblocking execution runs one communicating step "
-               "(an exchange, an all-reduce or an all-gather of the outermost dim)", found + 1, k + 1);
-      return -1;
-    }
-    found = k;
-    bool ok = st->kind == DTL__STEP_EXCHANGE || st->kind == DTL__STEP_ALL_REDUCE;
-    if (st->kind == DTL__STEP_ALL_GATHER) {
-      ok = true;
-      for (int d = 0; d < st->before[st->mesh_dim].dim; d++) ok &= p->src.shape[d] <= 1;
-    }
-    if (!ok) {
-      snprintf(why, cap, "plan step %d (%s on mesh dim %d) has no nonblocking form (only an exchange, an all-reduce or "
-               "an all-gather of the outermost dim does); run it with dtl_plan_execute", k + 1,
-               dtl__plan_step_name(st->kind), st->mesh_dim);
-      return -1;
-    }
-  }
-  return found;
 }
 
 dtl_status dtl_plan_execute_async(const dtl_plan *p, const void *src_local, void *dst_local, dtl_request **req) {
@@ -349,24 +292,16 @@ dtl_status dtl_plan_execute_async(const dtl_plan *p, const void *src_local, void
     return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "the plan already has an execution in flight (dtl_wait its "
                          "request first: a plan runs one execution at a time)");
   dtl_comm *pc = dtl__plan_comm(p);
-  size_t es = dtl_dtype_size(p->src.dtype), *counts = x->counts;
-  int g = x->gmax;
-  dtl__ex_ctx ctx = {p->src.ndim, es, p->src.dtype, counts, counts + g, counts + 2 * g, counts + 3 * g, counts + 4 * g};
   bool device = dtl__mesh_mem(p->src.mesh)->ops->memory == DTL_MEMORY_DEVICE;
-  char why[320];
-  int k = pc && !device ? dtl__async_step(p, why, sizeof why) : p->nsteps;
-  if (k < 0) return dtl__error_fn(DTL_ERR_UNSUPPORTED, fn, "%s", why);
+  if (pc && pc->aborted) return dtl__error_fn(DTL_ERR_COMM, fn, "the mesh's communicator was aborted");
   if (!x->req && !(x->req = dtl__calloc(1, sizeof *x->req)))
     return dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory for the plan's request");
   struct dtl__plan_request *r = x->req;
   memset(r, 0, sizeof *r);
-  r->plan = p;
   r->base.wait = dtl__req_wait;
   r->base.test = dtl__req_test;
   r->base.comm = pc ? pc : p->src.mesh->parent;
-  r->ctx = ctx;
-  r->k = p->nsteps;
-  r->done = true; /* until there is something left to run */
+  r->run.done = true; /* until there is something left to run */
   if (!pc) { /* in neither mesh */
     DTL_CHECK_ARG(src_local == NULL && dst_local == NULL, fn, "src_local=%p, dst_local=%p but this rank is in neither "
                   "mesh of the plan (pass NULL for both)", src_local, dst_local);
@@ -376,33 +311,9 @@ dtl_status dtl_plan_execute_async(const dtl_plan *p, const void *src_local, void
     const dtl__ex_layout *L = NULL;
     void *ws = NULL;
     DTL_TRY(dtl__run_args(fn, p, src_local, dst_local, true, &ws, 0, &L));
-    r->L = L;
-    r->buf[AT_SRC] = (void *)(uintptr_t)src_local;
-    r->buf[AT_DST] = dst_local;
-    r->buf[AT_SCR] = ws;
-    r->k = k;
-    r->done = false;
-    /* The local steps before the communicating one now; then start it. */
-    dtl_status st = dtl__run_steps(fn, p, L, &r->ctx, r->buf, pc, k);
-    if (st == DTL_OK && k < p->nsteps) {
-      const dtl__ex_step *e = &x->ex[k];
-      dtl_comm *c = e->op == EX_EXCHANGE ? pc : p->src.mesh->dim_comm[e->m];
-      r->base.comm = c;
-      r->in = r->buf[L->in[k]];
-      r->tmp = dtl__step_tmp(L, k, e, r->buf, es);
-      r->out = L->staged[k] ? dtl__at(r->tmp, e->t, es) : r->buf[L->out[k]];
-      if (e->op == EX_EXCHANGE) {
-        st = dtl__xchg_begin(&r->ctx, e, c, r->in, r->out);
-      } else if (e->op != EX_NONE && !dtl__collective_async(&r->ctx, e, c, r->in, r->out, &r->inner, &st)) {
-        st = dtl__error_fn(DTL_ERR_UNSUPPORTED, fn, "step %d (%s): the %s transport has no nonblocking form of it", k + 1,
-                           dtl__plan_step_name(p->steps[k].kind), c->ops->name);
-      }
-    }
-    if (st == DTL_OK) st = dtl__req_advance(r, false);
-    if (st != DTL_OK) {
-      dtl__req_wait(&r->base);
-      return dtl__error_prefix(st, "%s", fn);
-    }
+    dtl__run_init(&r->run, fn, p, L, pc, src_local, dst_local, ws);
+    /* The local steps up to the first transfer now, which starts; dtl_test and dtl_wait do the rest. */
+    DTL_TRY(dtl__run_advance(&r->run, DTL__RUN_TEST));
   }
   r->busy = true;
   *req = &r->base;

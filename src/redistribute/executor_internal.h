@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* This file is private to dtl. The compiled form of a plan and what the executor's three parts share:
  * compile.c derives it once, when the plan is created (this rank's boxes, every peer's box on the dims a step
- * splits, chunking, where each intermediate shard lives); the runners (runners.c, all_to_all.c) carry out one
- * step from it; the driver (executor.c) checks a call's buffers and walks the steps. Once compiled, running a
+ * splits, chunking, where each intermediate shard lives); the runners (runners.c, all_to_all.c, exchange.c) carry
+ * out one step from it, part by part; the driver (executor.c) checks a call's buffers and walks the steps. Once compiled, running a
  * plan allocates nothing and reads no environment. */
 #ifndef DTL_EXECUTOR_INTERNAL_H
 #define DTL_EXECUTOR_INTERNAL_H
@@ -132,7 +132,8 @@ struct dtl__plan_exec {
   /* 5 x gmax per-peer counts and displacements that the runners fill chunk by chunk. A plan runs one call at a
    * time (like every call on one mesh), so one set serves every call. */
   size_t *counts;
-  /* The one nonblocking execution a plan can have in flight (dtl_plan_execute_async); its request is this. */
+  /* The one nonblocking execution a plan can have in flight (dtl_plan_execute_async): the walk over the steps
+   * (executor.c), kept in this request. */
   struct dtl__plan_request *req;
   /* The plan's own workspace in the mesh communicator's memory (allocated by its first execution that needs
    * scratch, grown at most once more; never by dtl_plan_execute_with_workspace) and the memory it came from
@@ -152,23 +153,38 @@ typedef struct {
   size_t *dsp_a, *dsp_b;         /* per-peer displacements (send, receive) of all_to_allv_displs */
 } dtl__ex_ctx;
 
-/* Runs compiled step e on the mesh dim's communicator c: reads in, writes out, may use tmp (e->t elements). */
-dtl_status dtl__ex_run_step(const dtl__ex_ctx *x, const dtl__ex_step *e, dtl_comm *c, const void *in, void *out,
-                            void *tmp);
-/* The exchange runner (exchange.c): on c, the meshes' communicator or their parent. Blocking, and in the parts that
- * a nonblocking execution runs apart: begin (the own piece or fill, in the apart mode), each round (started; with
- * req NULL also completed and placed, else *req is the transport's request of the round, or NULL when this rank
- * moves nothing in it), the placing of a completed round, and end (the own piece or fill, in the other modes). */
-dtl_status dtl__ex_run_exchange(const dtl__ex_ctx *x, const dtl__ex_step *e, dtl_comm *c, const void *in, void *out,
-                                void *tmp);
-dtl_status dtl__xchg_begin(const dtl__ex_ctx *x, const dtl__ex_step *e, dtl_comm *c, const void *in, void *out);
-dtl_status dtl__xchg_round(const dtl__ex_ctx *x, const dtl__ex_step *e, dtl_comm *c, int r, const void *in, void *out,
-                           void *tmp, dtl_request **req);
-dtl_status dtl__xchg_round_done(const dtl__ex_ctx *x, const dtl__ex_step *e, dtl_comm *c, int r, void *out, void *tmp);
-dtl_status dtl__xchg_end(const dtl__ex_ctx *x, const dtl__ex_step *e, dtl_comm *c, const void *in, void *out);
-/* The all-to-all runner (all_to_all.c). */
-dtl_status dtl__ex_run_all_to_all(const dtl__ex_ctx *x, const dtl__ex_step *e, dtl_comm *c, const void *in, void *out,
-                                  void *tmp);
+/* A step runs as a sequence of parts, the same blocking and nonblocking, so that dtl_plan_execute and
+ * dtl_plan_execute_async are one walk over the steps (executor.c): each part is local work (a pack pass, a copy)
+ * and at most one transfer, on the mesh dim's communicator c (an exchange: the meshes' communicator or their
+ * parent), then local work once that transfer is complete (an unpack pass). A chunked pack or unpack pass is one
+ * part per chunk. Parts read the compiled step and the per-peer counts of ctx, which stay as a part's start left
+ * them until it is done (a plan runs one part at a time). */
+typedef struct {
+  int j;         /* the part */
+  bool sin, rin; /* an all-to-all at displacements: whether the part's send and receive sides move in place */
+} dtl__ex_part;
+
+/* How many parts step e has on this rank for its buffers in and out (alike on every member of its group where
+ * it communicates: a rank's own block can add a last, local part). */
+int dtl__ex_parts(const dtl__ex_step *e, dtl_comm *c, const void *in, const void *out);
+/* Part s->j of step e: reads in, writes out, may use tmp (e->t elements). req NULL: runs it to completion. Else
+ * starts it: *req gets the transfer in flight, which the caller completes (wait or test) and then calls
+ * dtl__ex_part_done; NULL when the part is complete already. */
+dtl_status dtl__ex_part_start(const dtl__ex_ctx *x, const dtl__ex_step *e, dtl_comm *c, dtl__ex_part *s, const void *in,
+                        void *out, void *tmp, dtl_request **req);
+dtl_status dtl__ex_part_done(const dtl__ex_ctx *x, const dtl__ex_step *e, dtl_comm *c, dtl__ex_part *s,
+                             const void *in, void *out, void *tmp);
+/* The parts of an all-to-all (all_to_all.c) and of an exchange (exchange.c); an exchange part finishes itself when
+ * nothing is left in flight. */
+int dtl__a2a_parts(const dtl__ex_step *e, dtl_comm *c, const void *in, const void *out);
+dtl_status dtl__a2a_part_start(const dtl__ex_ctx *x, const dtl__ex_step *e, dtl_comm *c, dtl__ex_part *s, const void *in,
+                         void *out, void *tmp, dtl_request **req);
+dtl_status dtl__a2a_part_done(const dtl__ex_ctx *x, const dtl__ex_step *e, dtl_comm *c, dtl__ex_part *s,
+                              const void *in, void *out, void *tmp);
+int dtl__xchg_parts(const dtl__ex_step *e);
+dtl_status dtl__xchg_part_start(const dtl__ex_ctx *x, const dtl__ex_step *e, dtl_comm *c, int j, const void *in, void *out,
+                          void *tmp, dtl_request **req);
+dtl_status dtl__xchg_part_done(const dtl__ex_ctx *x, const dtl__ex_step *e, dtl_comm *c, int j, void *out, void *tmp);
 
 /* --- what the runners share (runners.c) ------------------------------------------------------------------ */
 
@@ -195,12 +211,15 @@ dtl__box_copy dtl__ex_box(int nd, size_t es, const int64_t *ext, const int64_t *
 bool dtl__ex_intersect(int nd, const int64_t *as, const int64_t *ao, const int64_t *bs, const int64_t *bo, int64_t *s,
                        int64_t *o);
 /* The all-to-all of one step: even (every block between every pair of the group has one size) takes the
- * engine's regular collective, else all_to_allv. An empty side sharing the other side's pointer goes as NULL. */
+ * engine's regular collective, else all_to_allv. An empty side sharing the other side's pointer goes as NULL.
+ * req: as for dtl__ex_part (NULL: blocking). */
 dtl_status dtl__ex_exchange(dtl_comm *c, bool even, const void *send, const size_t *sc, void *recv, const size_t *rc,
-                            dtl_dtype t);
+                            dtl_dtype t, dtl_request **req);
 /* all_to_allv_displs, with the same NULL rule. */
 dtl_status dtl__ex_exchange_displs(dtl_comm *c, const void *send, const size_t *sc, const size_t *sd, void *recv,
-                                   const size_t *rc, const size_t *rd, dtl_dtype t);
+                                   const size_t *rc, const size_t *rd, dtl_dtype t, dtl_request **req);
+/* Chunks of crows rows in rows (crows 0: one). */
+int64_t dtl__ex_nchunks(int64_t rows, int64_t crows);
 /* The rank whose own block a scattered step on a displacement transport copies itself, or -1 (see runners.c). */
 int dtl__ex_own_block(dtl_comm *c, bool scattered, const void *in, const void *out);
 /* Drops block self (-1: none) from counts and sets the displacements of the others back to back in peer order. */

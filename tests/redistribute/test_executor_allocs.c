@@ -2,8 +2,8 @@
 /* Compiled plans: once a plan has run, running it again allocates nothing (the library's allocation counter,
  * common/alloc.h, which device memory reports to as well, stays still over 100 calls), for every kind of step
  * (all-gather with unpack, reduce-scatter with pack, chunked and unchunked all-to-all, local steps, multi-step
- * plans, uneven shards), through dtl_plan_execute, the cached dtl_redistribute and a caller's workspace (which
- * allocates nothing even on the first call); every result is checked against the dense tensor. Then the
+ * plans, uneven shards), through dtl_plan_execute, the cached dtl_redistribute, a caller's workspace (which
+ * allocates nothing even on the first call) and dtl_plan_execute_async (in the blocking call's workspace); every result is checked against the dense tensor. Then the
  * workspace rules: too small or NULL is rejected naming the bytes needed, and in-place local plans fit in
  * dtl_plan_workspace_bytes. */
 #include "dtl_test.h"
@@ -100,24 +100,44 @@ static void pair_close(pair *q) {
   free(q->out);
 }
 
-typedef enum { VIA_EXECUTE, VIA_REDISTRIBUTE, VIA_WORKSPACE } via;
+typedef enum { VIA_EXECUTE, VIA_REDISTRIBUTE, VIA_WORKSPACE, VIA_ASYNC } via;
+
+/* dtl_plan_execute_async, then dtl_test until done on even calls (dtl_wait alone on odd ones), then dtl_wait. */
+static dtl_status execute_async(pair *q, int i) {
+  dtl_request *req = NULL;
+  dtl_status st = dtl_plan_execute_async(q->plan, q->in, q->out, &req);
+  for (int done = 0; st == DTL_OK && !done && i % 2 == 0;) st = dtl_test(req, &done);
+  if (req) {
+    dtl_status w = dtl_wait(req);
+    if (st == DTL_OK) st = w;
+  }
+  return st;
+}
 
 /* One warm-up call (none through a caller's workspace), then REPEAT calls that must not allocate; the
- * output is checked after the first and the last. */
+ * output is checked after the first and the last. Nonblocking: the warm-up is a blocking call, and the first
+ * nonblocking one makes its requests (the plan's and the transport's) but runs in the same workspace, which stays
+ * as the blocking call left it; the calls after it allocate nothing. */
 static void repeat_pair(pair *q, via how) {
-  size_t wsb = dtl_plan_workspace_bytes(q->plan);
+  size_t wsb = dtl_plan_workspace_bytes(q->plan), own = 0;
   void *ws = how == VIA_WORKSPACE ? malloc(wsb + 1) : NULL;
   for (int i = -1; i < REPEAT; i++) {
-    if (i == (how == VIA_WORKSPACE ? -1 : 0)) dtl__alloc_hook_reset(0, false);
+    if (i == (how == VIA_WORKSPACE ? -1 : how == VIA_ASYNC ? 1 : 0)) dtl__alloc_hook_reset(0, false);
+    if (how == VIA_ASYNC && i == 0 && q->plan) own = q->plan->exec->own_bytes;
     memset(q->out, 0x5a, dtl_layout_local_count(q->dst) * sizeof(float));
-    dtl_status st = how == VIA_EXECUTE     ? dtl_plan_execute(q->plan, q->in, q->out)
+    dtl_status st = how == VIA_EXECUTE || (how == VIA_ASYNC && i == -1) ? dtl_plan_execute(q->plan, q->in, q->out)
                     : how == VIA_WORKSPACE ? dtl_plan_execute_with_workspace(q->plan, q->in, q->out, ws, wsb)
+                    : how == VIA_ASYNC     ? execute_async(q, i)
                                            : dtl_redistribute(q->src, q->in, q->dst, q->out);
     CHECK(st == DTL_OK, "%s (call %d): %s", q->what, i, dtl_last_error());
-    if (i == -1 || i == REPEAT - 1) CHECK(wrong(q->dst, q->out) == 0, "%s (call %d): wrong values", q->what, i);
+    if (i <= 0 || i == REPEAT - 1) CHECK(wrong(q->dst, q->out) == 0, "%s (call %d): wrong values", q->what, i);
+    if (how == VIA_ASYNC && i == 0 && q->plan)
+      CHECK(q->plan->exec->own_bytes == own, "%s: the nonblocking execution grew the workspace from %zu to %zu bytes",
+            q->what, own, q->plan->exec->own_bytes);
   }
   uint64_t n = dtl__alloc_hook_count();
-  static const char *name[] = {"dtl_plan_execute", "dtl_redistribute", "dtl_plan_execute_with_workspace"};
+  static const char *name[] = {"dtl_plan_execute", "dtl_redistribute", "dtl_plan_execute_with_workspace",
+                               "dtl_plan_execute_async"};
   CHECK(n == 0, "%s: %llu allocations in %d repeated %s calls", q->what, (unsigned long long)n, REPEAT, name[how]);
   free(ws);
 }
@@ -164,6 +184,7 @@ static void for_each_pair(via how) {
         {{7, 9}, "S0,S0", "S1,S1"},
         {{6, 10}, "P,S0", "S1,R"},
         {{5, 7}, "R,R", "S1,S0"}, /* two local slices */
+        {{8, 6}, "P,S1", "S0,R"}, /* a reduce-scatter, then an all-gather of an inner dim */
     };
     for (size_t i = 0; i < sizeof two_d / sizeof two_d[0]; i++) {
       pair q;
@@ -178,6 +199,7 @@ static void for_each_pair(via how) {
 static void repeated_plan_executions_allocate_nothing(void) { for_each_pair(VIA_EXECUTE); }
 static void repeated_cached_redistributions_allocate_nothing(void) { for_each_pair(VIA_REDISTRIBUTE); }
 static void a_callers_workspace_means_no_allocation_even_on_the_first_call(void) { for_each_pair(VIA_WORKSPACE); }
+static void repeated_nonblocking_executions_allocate_nothing_and_share_the_workspace(void) { for_each_pair(VIA_ASYNC); }
 
 /* too_small_or_null_workspace_is_rejected_naming_the_bytes_needed: S1 -> R of [4, 4p] unpacks on every rank, so
  * every rank needs scratch and every rank refuses alike (no rank is left in the collective). */
@@ -260,6 +282,7 @@ int main(int argc, char **argv) {
   RUN(repeated_plan_executions_allocate_nothing);
   RUN(repeated_cached_redistributions_allocate_nothing);
   RUN(a_callers_workspace_means_no_allocation_even_on_the_first_call);
+  RUN(repeated_nonblocking_executions_allocate_nothing_and_share_the_workspace);
   RUN(too_small_or_null_workspace_is_rejected_naming_the_bytes_needed);
   RUN(in_place_local_plans_fit_in_the_workspace_bytes);
   RUN(plans_on_abstract_meshes_are_explained_not_run);

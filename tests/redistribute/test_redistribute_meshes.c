@@ -75,17 +75,28 @@ static uint64_t minimum_received(const dtl_plan *p) {
   return n * dtl_dtype_size(dst->dtype);
 }
 
+/* How run_and_check runs a plan: dtl_plan_execute; dtl_plan_execute_async polled a few times with dtl_test, then
+ * dtl_wait; or polled with dtl_test alone until done (the target is checked then, before dtl_wait). */
+enum { BLOCKING, ASYNC_WAIT, ASYNC_TEST };
+
 /* Runs p from src to dst on this rank's buffers (NULL for a mesh it is not in) and checks the target on the target
- * mesh's members. async: through dtl_plan_execute_async, polled with dtl_test. Returns the status. */
+ * mesh's members. Returns the status. */
 static dtl_status run_and_check(const tu_mesh *tm, const dtl_plan *p, const void *in, size_t in_bytes, void *out,
-                                size_t out_bytes, const void *dense, bool async, const char *what) {
+                                size_t out_bytes, const void *dense, int how, const char *what) {
+  static const char *name[] = {"", " (async)", " (async, dtl_test alone)"};
   uint64_t sum_in = in ? tu_checksum(in, in_bytes) : 0;
   if (out) memset(out, 0x5a, out_bytes);
+  bool member = tm->mesh && dtl_mesh_is_member(tm->mesh);
   dtl_status st;
-  if (async) {
+  if (how != BLOCKING) {
     dtl_request *req = NULL;
     st = dtl_plan_execute_async(p, in, out, &req);
-    for (int done = 0, polls = 0; st == DTL_OK && !done && polls < 3; polls++) st = dtl_test(req, &done);
+    int done = 0;
+    for (long polls = 0; st == DTL_OK && !done && (how == ASYNC_TEST || polls < 3); polls++) st = dtl_test(req, &done);
+    if (how == ASYNC_TEST && st == DTL_OK && member) {
+      long wrong = tu_check_state(tm, &p->dst, out, dense, what);
+      CHECK(wrong == 0, "%s%s: %ld wrong elements once dtl_test said done", what, name[how], wrong);
+    }
     if (req) {
       dtl_status w = dtl_wait(req);
       if (st == DTL_OK) st = w;
@@ -93,11 +104,11 @@ static dtl_status run_and_check(const tu_mesh *tm, const dtl_plan *p, const void
   } else {
     st = dtl_plan_execute(p, in, out);
   }
-  CHECK(st == DTL_OK, "%s%s: %s", what, async ? " (async)" : "", dtl_last_error());
+  CHECK(st == DTL_OK, "%s%s: %s", what, name[how], dtl_last_error());
   if (in) CHECK(tu_checksum(in, in_bytes) == sum_in, "%s: the source was written", what);
-  if (tm->mesh && dtl_mesh_is_member(tm->mesh)) {
+  if (member) {
     long wrong = tu_check_state(tm, &p->dst, out, dense, what);
-    CHECK(wrong == 0, "%s%s: %ld wrong elements", what, async ? " (async)" : "", wrong);
+    CHECK(wrong == 0, "%s%s: %ld wrong elements", what, name[how], wrong);
   }
   return st;
 }
@@ -154,25 +165,19 @@ static void one_pair(const tu_mesh *ma, const tu_mesh *mb, MPI_Comm all, tu_rng 
   }
   /* The first execution allocates its scratch, exactly the figure; a second one nothing. */
   tu_alloc_stats a0 = tu_allocs;
-  run_and_check(mb, p, in, ib, out, ob, dense, false, what);
+  run_and_check(mb, p, in, ib, out, ob, dense, BLOCKING, what);
   CHECK(tu_allocs.calls - a0.calls == (fig > 0) && tu_allocs.bytes_total - a0.bytes_total == fig,
         "%s: allocated %d buffers, %zu bytes; the plan says %zu", what, tu_allocs.calls - a0.calls,
         tu_allocs.bytes_total - a0.bytes_total, fig);
   a0 = tu_allocs;
-  run_and_check(mb, p, in, ib, out, ob, dense, false, what);
+  run_and_check(mb, p, in, ib, out, ob, dense, BLOCKING, what);
   CHECK(tu_allocs.calls == a0.calls, "%s: a repeated execution allocated", what);
-  /* The nonblocking form: any plan whose one communicating step is an exchange (every pair without pending Partials
-   * between meshes) or a collective that packs nothing; others are refused naming a step. */
-  dtl_request *probe = NULL;
-  dtl_status ast = dtl_plan_execute_async(p, in, out, &probe);
-  if (probe) dtl_wait(probe);
-  if (ast == DTL_OK) {
-    run_and_check(mb, p, in, ib, out, ob, dense, true, what);
-    s->async_runs++;
-  } else {
-    CHECK(ast == DTL_ERR_UNSUPPORTED && strstr(dtl_last_error(), "plan step") && (has_partial(src) || !exchange),
-          "%s: async: %s %s", what, dtl_status_name(ast), dtl_last_error());
-  }
+  /* The nonblocking form: every plan, with the same result, in the same workspace (no allocation). */
+  a0 = tu_allocs;
+  run_and_check(mb, p, in, ib, out, ob, dense, s->async_runs % 2 ? ASYNC_TEST : ASYNC_WAIT, what);
+  CHECK(tu_allocs.calls == a0.calls, "%s: the nonblocking execution allocated %d buffers", what,
+        tu_allocs.calls - a0.calls);
+  s->async_runs++;
   /* Half the largest scratch of any rank: the plan fits it on every rank, or the call names the smallest limit. */
   unsigned long long worst = fig, limit;
   MPI_Allreduce(MPI_IN_PLACE, &worst, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, all);
@@ -191,7 +196,7 @@ static void one_pair(const tu_mesh *ma, const tu_mesh *mb, MPI_Comm all, tu_rng 
     if (st == DTL_OK) {
       CHECK(dtl_plan_scratch_bytes(q) <= limit, "%s: scratch %zu over the limit %llu", what, dtl_plan_scratch_bytes(q),
             limit);
-      run_and_check(mb, q, in, ib, out, ob, dense, false, what);
+      run_and_check(mb, q, in, ib, out, ob, dense, BLOCKING, what);
       s->limited++;
     }
     dtl_plan_destroy(q);
@@ -317,34 +322,176 @@ static void bad_input_between_meshes_fails_every_rank(const tu_pair *pr) {
   for (int i = 0; i < 4; i++) dtl_layout_destroy(la[i]);
 }
 
-/* A plan whose communicating step has no nonblocking form (an all-gather of column blocks, which unpacks) cannot
- * start nonblocking on MPI: refused naming the step, nothing written; an all-reduce can, and completes in dtl_wait. */
-static void collectives_without_a_nonblocking_form_refuse_to_start(const tu_mesh *m) {
-  if (!m->mesh || m->ndim != 1 || dtl_mesh_size(m->mesh) < 2) return;
-  dtl_placement s1 = dtl_shard(1), r = dtl_replicate(), p = dtl_partial(DTL_SUM);
-  dtl_layout *a, *b, *pa;
-  int64_t shape[2] = {4, 8};
-  CHECK_OK(dtl_layout_create(m->mesh, DTL_FLOAT32, 2, shape, &s1, &a));
-  CHECK_OK(dtl_layout_create(m->mesh, DTL_FLOAT32, 2, shape, &r, &b));
-  CHECK_OK(dtl_layout_create(m->mesh, DTL_FLOAT32, 2, shape, &p, &pa));
-  dtl_plan *pl = NULL, *pr = NULL;
-  CHECK_OK(dtl_plan_create(a, b, &pl));
-  float x[32], y[32];
-  for (int i = 0; i < 32; i++) x[i] = (float)i, y[i] = -1;
-  dtl_request *req = NULL;
-  if (pl && pl->steps[0].kind == DTL__STEP_ALL_GATHER) {
-    CHECK_ERROR(dtl_plan_execute_async(pl, x, y, &req), DTL_ERR_UNSUPPORTED, "all-gather");
-    CHECK(req == NULL && y[0] == -1, "a refused start wrote its request or the target");
+/* One plan from layouts (a on ma's mesh, b on mb's) of an f32 tensor of shape (nd dims) given as placement text
+ * (NULL: set up nothing and return NULL), with this rank's source and target buffers and the dense tensor. */
+typedef struct {
+  dtl_layout *a, *b;
+  dtl_plan *p;
+  void *in, *out, *dense;
+  size_t ib, ob;
+  char what[192];
+} plan_case;
+
+static bool case_open(plan_case *c, const tu_mesh *ma, const tu_mesh *mb, int nd, const int64_t *shape, const char *from,
+                      const char *to, size_t chunk, uint64_t seed) {
+  memset(c, 0, sizeof *c);
+  dtl_placement pa[DTL_MAX_MESH_DIMS], pb[DTL_MAX_MESH_DIMS];
+  int na = 0, nb = 0;
+  if (dtl_placements_parse(from, pa, DTL_MAX_MESH_DIMS, &na) != DTL_OK || na != ma->ndim ||
+      dtl_placements_parse(to, pb, DTL_MAX_MESH_DIMS, &nb) != DTL_OK || nb != mb->ndim)
+    return false;
+  size_t count = 1;
+  int o = snprintf(c->what, sizeof c->what, "f32[");
+  for (int d = 0; d < nd; d++) {
+    count *= (size_t)shape[d];
+    o += snprintf(c->what + o, sizeof c->what - (size_t)o, d ? ",%lld" : "%lld", (long long)shape[d]);
   }
-  CHECK_OK(dtl_plan_create(pa, b, &pr));
-  CHECK_OK(dtl_plan_execute_async(pr, x, y, &req));
-  if (req) CHECK_OK(dtl_wait(req));
-  CHECK(y[5] == 5.0f * (float)dtl_mesh_size(m->mesh), "the nonblocking all-reduce gave %g", y[5]);
-  dtl_plan_destroy(pl);
-  dtl_plan_destroy(pr);
-  dtl_layout_destroy(a);
-  dtl_layout_destroy(b);
-  dtl_layout_destroy(pa);
+  char x[64];
+  snprintf(x, sizeof x, "%s", tu_mesh_text(ma));
+  snprintf(c->what + o, sizeof c->what - (size_t)o, "] [%s] on %s -> [%s] on %s%s", from, x, to, tu_mesh_text(mb),
+           chunk ? " (48-byte chunks)" : "");
+  CHECK_OK(dtl_layout_create(ma->mesh, DTL_FLOAT32, nd, shape, pa, &c->a));
+  CHECK_OK(dtl_layout_create(mb->mesh, DTL_FLOAT32, nd, shape, pb, &c->b));
+  c->dense = malloc(count * 4 + 1);
+  tu_dense(seed, DTL_FLOAT32, count, c->dense);
+  c->ib = c->a ? bytes_of(c->a) : 0;
+  c->ob = c->b ? bytes_of(c->b) : 0;
+  if (dtl_mesh_is_member(ma->mesh)) {
+    c->in = malloc(c->ib + 1);
+    tu_make_local(c->a, c->dense, seed, c->in);
+  }
+  if (dtl_mesh_is_member(mb->mesh)) c->out = malloc(c->ob + 1);
+  dtl__executor_set_chunking(chunk, chunk ? 2 : 0);
+  CHECK_OK(dtl_plan_create(c->a, c->b, &c->p));
+  dtl__executor_set_chunking(0, 0);
+  return c->p != NULL;
+}
+
+static void case_close(plan_case *c) {
+  dtl_plan_destroy(c->p);
+  dtl_layout_destroy(c->a);
+  dtl_layout_destroy(c->b);
+  free(c->in);
+  free(c->out);
+  free(c->dense);
+}
+
+/* Blocking, then nonblocking finished by dtl_wait, then nonblocking driven by dtl_test alone: the same result, and
+ * the nonblocking runs allocate nothing (the blocking run's workspace serves them). */
+static void run_every_way(const tu_mesh *mb, plan_case *c) {
+  run_and_check(mb, c->p, c->in, c->ib, c->out, c->ob, c->dense, BLOCKING, c->what);
+  tu_alloc_stats a0 = tu_allocs;
+  run_and_check(mb, c->p, c->in, c->ib, c->out, c->ob, c->dense, ASYNC_WAIT, c->what);
+  run_and_check(mb, c->p, c->in, c->ib, c->out, c->ob, c->dense, ASYNC_TEST, c->what);
+  CHECK(tu_allocs.calls == a0.calls, "%s: the nonblocking executions allocated %d buffers", c->what,
+        tu_allocs.calls - a0.calls);
+}
+
+/* Every kind of collective step runs nonblocking with the blocking result: reduce-scatters (packed, chunked,
+ * uneven), all-gathers of an inner dim (unpacked, chunked), all-to-alls, all-reduces, and plans of several
+ * communicating steps on 2-D meshes. */
+static void every_collective_runs_nonblocking_like_blocking(const tu_mesh *m) {
+  if (!m->mesh) return;
+  static const struct {
+    int nd;
+    int64_t shape[2];
+    const char *from, *to;
+    size_t chunk;
+  } cases[] = {
+      {2, {7, 5}, "S1", "R", 0},         {2, {40, 12}, "S1", "R", 48},      {2, {6, 9}, "P", "S1", 0},
+      {2, {40, 12}, "P", "S1", 48},      {1, {5}, "P", "S0", 0},            {2, {9, 7}, "S0", "S1", 0},
+      {2, {41, 13}, "S1", "S0", 48},     {2, {5, 6}, "P", "R", 0},          {2, {8, 6}, "P,S1", "S0,R", 0},
+      {2, {8, 8}, "S0,S1", "S1,S0", 0},  {2, {6, 10}, "P,P", "S1,S0", 0},   {2, {40, 12}, "P,S1", "S0,R", 48},
+      {1, {5}, "P,P", "R,S0", 0},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    plan_case c;
+    if (case_open(&c, m, m, cases[i].nd, cases[i].shape, cases[i].from, cases[i].to, cases[i].chunk, 100 + i))
+      run_every_way(m, &c);
+    case_close(&c);
+  }
+}
+
+/* Between meshes: from a line of all ranks to a 2 x p/2 mesh of the same ranks, among them the issue's
+ * f32[5] [P(sum)] -> [R,S(0)] (at 8 ranks: the line of 8 to 2x4), which a reduce-scatter and an exchange carry. */
+static void plans_between_meshes_run_nonblocking_like_blocking(void) {
+  if (world_size < 2 || world_size % 2) return;
+  int list[64], line[1] = {world_size}, grid[2] = {2, world_size / 2};
+  for (int i = 0; i < world_size; i++) list[i] = i;
+  tu_mesh a, b;
+  if (tu_sub_open(world_size, list, 1, line, &a) != 0 || tu_sub_open(world_size, list, 2, grid, &b) != 0) {
+    CHECK(false, "set-up: cannot open the meshes");
+    return;
+  }
+  static const struct {
+    int nd;
+    int64_t shape[2];
+    const char *from, *to;
+  } cases[] = {
+      {1, {5}, "P", "R,S0"}, {2, {6, 4}, "P", "S1,S0"}, {2, {7, 5}, "S1", "R,R"}, {2, {9, 6}, "S0", "S1,R"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    for (int back = 0; back < 2; back++) {
+      plan_case c;
+      if (back ? case_open(&c, &b, &a, cases[i].nd, cases[i].shape, cases[i].to, cases[i].from, 0, 200 + i)
+               : case_open(&c, &a, &b, cases[i].nd, cases[i].shape, cases[i].from, cases[i].to, 0, 200 + i)) {
+        if (i == 0 && !back && world_size == 8) { /* the issue's case: a reduce-scatter, then more */
+          bool rs = false;
+          for (int k = 0; k < c.p->nsteps; k++) rs |= c.p->steps[k].kind == DTL__STEP_REDUCE_SCATTER;
+          CHECK(rs && c.p->nsteps > 1, "%s: %d steps, %s reduce-scatter", c.what, c.p->nsteps, rs ? "a" : "no");
+        }
+        run_every_way(back ? &a : &b, &c);
+      }
+      case_close(&c);
+    }
+  }
+  tu_mesh_close(&b);
+  tu_mesh_close(&a);
+}
+
+/* Fails the k-th nonblocking start (counted from now) of an execution of c and checks that the execution fails on
+ * every rank naming the step, from the start itself (which runs as far as it can without blocking) or from dtl_test,
+ * then from dtl_wait, and leaves nothing in flight: the plan starts again at once and both forms give the right
+ * result (a transfer left running would hold the plan busy, or cross the next one's messages). */
+static void fail_start(const tu_mesh *m, plan_case *c, long k, const char *step) {
+  tu_fail_at = tu_starts + k;
+  dtl_request *req = NULL;
+  dtl_status st = dtl_plan_execute_async(c->p, c->in, c->out, &req);
+  if (k == 1) CHECK(st == DTL_ERR_COMM, "%s: the failed first start gave %s", c->what, dtl_status_name(st));
+  if (st != DTL_OK) {
+    CHECK(req == NULL, "%s: a failed start wrote its request", c->what);
+  } else {
+    int done = 0;
+    while (st == DTL_OK && !done) st = dtl_test(req, &done);
+    CHECK(st == DTL_ERR_COMM && !done, "%s: dtl_test gave %s (done %d)", c->what, dtl_status_name(st), done);
+  }
+  CHECK(strstr(dtl_last_error(), "injected") && strstr(dtl_last_error(), step), "%s: message '%s' lacks '%s'", c->what,
+        dtl_last_error(), step);
+  if (req) CHECK_ERROR(dtl_wait(req), DTL_ERR_COMM, "injected");
+  tu_fail_at = 0;
+  run_and_check(m, c->p, c->in, c->ib, c->out, c->ob, c->dense, ASYNC_TEST, c->what);
+  run_and_check(m, c->p, c->in, c->ib, c->out, c->ob, c->dense, BLOCKING, c->what);
+}
+
+/* A start that fails midway (the second chunk of a reduce-scatter, the second step of a plan) or at once: the error
+ * comes back, and no transfer stays in flight. */
+static void an_error_midway_leaves_no_transfer_in_flight(const tu_mesh *m) {
+  if (!m->mesh || dtl_mesh_size(m->mesh) < 2 || m->ndim > 2) return;
+  plan_case c;
+  int64_t shape[2] = {40, 12};
+  if (case_open(&c, m, m, 2, shape, m->ndim == 1 ? "P" : "P,S1", m->ndim == 1 ? "S1" : "S0,R", m->ndim == 1 ? 48 : 0,
+                300)) {
+    long s0 = tu_starts;
+    run_and_check(m, c.p, c.in, c.ib, c.out, c.ob, c.dense, ASYNC_WAIT, c.what);
+    long n = tu_starts - s0;
+    CHECK(n >= 2, "%s: %ld nonblocking starts (the case needs several)", c.what, n);
+    if (n >= 2) {
+      if (m->ndim == 1) fail_start(m, &c, 2, "step 0"); /* the second chunk */
+      else fail_start(m, &c, n, "step 1");                /* the second step */
+      fail_start(m, &c, 1, "step 0");
+    }
+  }
+  case_close(&c);
 }
 
 int main(int argc, char **argv) {
@@ -360,6 +507,7 @@ int main(int argc, char **argv) {
     RUN_NAMED(tu_pair_text(&pr), bad_input_between_meshes_fails_every_rank(&pr));
     tu_pair_close(&pr);
   }
+  RUN(plans_between_meshes_run_nonblocking_like_blocking);
   for (int i = 0; i < tu_nmeshes; i++) {
     tu_mesh m;
     if (!tu_mesh_open_spec(i, &m)) continue;
@@ -367,8 +515,10 @@ int main(int argc, char **argv) {
               exchanges_on_one_mesh_keep_their_promises(&m, i, trials));
     RUN_NAMED(tu_case_name("nested_shard_changes_take_one_exchange_within_the_shards", &m),
               nested_shard_changes_take_one_exchange_within_the_shards(&m));
-    RUN_NAMED(tu_case_name("collectives_without_a_nonblocking_form_refuse_to_start", &m),
-              collectives_without_a_nonblocking_form_refuse_to_start(&m));
+    RUN_NAMED(tu_case_name("every_collective_runs_nonblocking_like_blocking", &m),
+              every_collective_runs_nonblocking_like_blocking(&m));
+    RUN_NAMED(tu_case_name("an_error_midway_leaves_no_transfer_in_flight", &m),
+              an_error_midway_leaves_no_transfer_in_flight(&m));
     tu_mesh_close(&m);
   }
   tu_parent_close();

@@ -2,8 +2,9 @@
 /* dtl_redistribute, dtl_distribute and dtl_full_tensor against the dense oracle: random layouts on every mesh
  * that fits the world size, every ordered pair (Partial sources included), exact results on every rank,
  * sources intact, scratch within the larger local end (Partial sources: counted cases up to twice it), at most one
- * workspace allocation (the plan's workspace figure, when the mesh's shared one is smaller), and repeated calls
- * served by the plan cache without allocating. */
+ * workspace allocation (the plan's workspace figure, when the mesh's shared one is smaller), repeated calls
+ * served by the plan cache without allocating, and every plan again through dtl_plan_execute_async with the same
+ * result. */
 #include <stdlib.h>
 #include <string.h>
 #include "redistribute/redistribute_internal.h"
@@ -13,7 +14,7 @@
 static int world_rank, world_size;
 
 typedef struct {
-  long pairs, unsupported, multi_step, over_bound, over_small, cache_hits;
+  long pairs, unsupported, multi_step, over_bound, over_small, cache_hits, async_runs;
 } pair_stats;
 
 /* Largest local shard (bytes) among the plan's intermediate layouts on this rank. */
@@ -115,6 +116,32 @@ static void every_pair_matches_the_dense_oracle(const tu_mesh *m, const dtl_layo
   CHECK(again == plan, "%s: the cache returned another plan", what);
   ps->cache_hits += (long)(h2 - h1);
   CHECK(tu_check_state(m, dst, out, dense, what) == 0, "%s: repeated call wrong", what);
+  /* Nonblocking, the same plan: the same result, finished by dtl_wait or (every other pair) driven by dtl_test alone
+   * (the target complete when it says done); at most the plan's own workspace of the blocking figure on the first
+   * start (the cached calls above ran in the mesh's), nothing on a second. */
+  for (int run = 0; run < (plan->nsteps > 1 ? 2 : 1); run++) {
+    memset(out, 0x5a, db);
+    a0 = tu_allocs;
+    dtl_request *req = NULL;
+    bool test_alone = (ps->pairs + run) % 2 == 0;
+    st = dtl_plan_execute_async(plan, in, out, &req);
+    int done = 0;
+    for (int polls = 0; st == DTL_OK && !done && (test_alone || polls < 2); polls++) st = dtl_test(req, &done);
+    if (test_alone && st == DTL_OK)
+      CHECK(tu_check_state(m, dst, out, dense, what) == 0, "%s (async): wrong once dtl_test said done", what);
+    if (req) {
+      dtl_status w = dtl_wait(req);
+      if (st == DTL_OK) st = w;
+    }
+    CHECK(st == DTL_OK, "%s (async): %s", what, dtl_last_error());
+    CHECK(tu_check_state(m, dst, out, dense, what) == 0, "%s (async): wrong", what);
+    calls = tu_allocs.calls - a0.calls;
+    bytes = tu_allocs.bytes_total - a0.bytes_total;
+    CHECK(run ? calls == 0 : calls == 0 || (calls == 1 && bytes <= wsb), "%s (async run %d): allocated %d buffers of "
+          "%zu bytes in all; the plan's workspace is %zu", what, run, calls, bytes, wsb);
+    ps->async_runs++;
+  }
+  CHECK(tu_checksum(in, sb) == sum_in, "%s (async): the source was written", what);
   free(in);
   free(out);
 }
@@ -236,9 +263,9 @@ static void random_layouts_round_trip_and_every_pair_matches_the_dense_oracle(co
   MPI_Allreduce(&ps.over_small, &over_small, 1, MPI_LONG, MPI_SUM, m->mpi);
   if (world_rank == 0)
     printf("every_pair_matches_the_dense_oracle: mesh %s: %ld pairs (%ld unsupported as documented, %ld multi-step "
-           "plans), %ld cache hits; scratch above max(src, dst) on %ld rank-executions (%ld of them with no "
-           "intermediate shard above it)\n",
-           tu_mesh_text(m), ps.pairs, ps.unsupported, ps.multi_step, ps.cache_hits, over, over_small);
+           "plans), %ld cache hits, %ld nonblocking runs; scratch above max(src, dst) on %ld rank-executions (%ld of "
+           "them with no intermediate shard above it)\n",
+           tu_mesh_text(m), ps.pairs, ps.unsupported, ps.multi_step, ps.cache_hits, ps.async_runs, over, over_small);
 }
 
 int main(int argc, char **argv) {

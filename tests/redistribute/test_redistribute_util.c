@@ -13,6 +13,12 @@ bool tu_plain_transport;
 
 /* --- a transport that forwards to MPI and counts allocations ------------------------------------------- */
 static dtl_comm *in_(dtl_comm *c) { return (dtl_comm *)c->impl; }
+long tu_starts, tu_fail_at;
+/* Every nonblocking start counts; the tu_fail_at-th fails without starting anything. */
+#define W_START()                                                                                    \
+  do {                                                                                               \
+    if (++tu_starts == tu_fail_at) return dtl__error(DTL_ERR_COMM, "injected failure of start %ld", tu_starts); \
+  } while (0)
 static dtl_status w_broadcast(dtl_comm *c, void *b, size_t n, dtl_dtype t, int r) { return in_(c)->ops->broadcast(in_(c), b, n, t, r); }
 static dtl_status w_scatter(dtl_comm *c, const void *s, void *r, size_t n, dtl_dtype t, int root) {
   return in_(c)->ops->scatter(in_(c), s, r, n, t, root);
@@ -50,29 +56,46 @@ static dtl_status w_all_to_allv_displs(dtl_comm *c, const void *s, const size_t 
 }
 static dtl_status w_exchange(dtl_comm *c, int ns, const int *sp, const void *const *sb, const size_t *sc, int nr,
                              const int *rp, void *const *rb, const size_t *rc, dtl_dtype t, dtl_request **req) {
+  if (req) W_START();
   return in_(c)->ops->exchange(in_(c), ns, sp, sb, sc, nr, rp, rb, rc, t, req);
 }
 static dtl_status w_all_gather_async(dtl_comm *c, const void *s, void *r, size_t n, dtl_dtype t, dtl_request **q) {
+  W_START();
   return in_(c)->ops->all_gather_async(in_(c), s, r, n, t, q);
 }
 static dtl_status w_all_gatherv_async(dtl_comm *c, const void *s, size_t n, void *r, const size_t *rc, dtl_dtype t,
                                       dtl_request **q) {
+  W_START();
   return in_(c)->ops->all_gatherv_async(in_(c), s, n, r, rc, t, q);
 }
 static dtl_status w_all_reduce_async(dtl_comm *c, const void *s, void *r, size_t n, dtl_dtype t, dtl_reduce_op op,
                                      dtl_request **q) {
+  W_START();
   return in_(c)->ops->all_reduce_async(in_(c), s, r, n, t, op, q);
 }
 static dtl_status w_reduce_scatter_async(dtl_comm *c, const void *s, void *r, size_t n, dtl_dtype t, dtl_reduce_op op,
                                          dtl_request **q) {
+  W_START();
   return in_(c)->ops->reduce_scatter_async(in_(c), s, r, n, t, op, q);
 }
 static dtl_status w_all_to_all_async(dtl_comm *c, const void *s, void *r, size_t n, dtl_dtype t, dtl_request **q) {
+  W_START();
   return in_(c)->ops->all_to_all_async(in_(c), s, r, n, t, q);
 }
 static dtl_status w_all_to_allv_async(dtl_comm *c, const void *s, const size_t *sc, void *r, const size_t *rc,
                                       dtl_dtype t, dtl_request **q) {
+  W_START();
   return in_(c)->ops->all_to_allv_async(in_(c), s, sc, r, rc, t, q);
+}
+static dtl_status w_reduce_scatterv_async(dtl_comm *c, const void *s, void *r, const size_t *rc, dtl_dtype t,
+                                          dtl_reduce_op op, dtl_request **q) {
+  W_START();
+  return in_(c)->ops->reduce_scatterv_async(in_(c), s, r, rc, t, op, q);
+}
+static dtl_status w_all_to_allv_displs_async(dtl_comm *c, const void *s, const size_t *sc, const size_t *sd, void *r,
+                                             const size_t *rc, const size_t *rd, dtl_dtype t, dtl_request **q) {
+  W_START();
+  return in_(c)->ops->all_to_allv_displs_async(in_(c), s, sc, sd, r, rc, rd, t, q);
 }
 static dtl_status w_send(dtl_comm *c, const void *b, size_t n, dtl_dtype t, int p) { return in_(c)->ops->send(in_(c), b, n, t, p); }
 static dtl_status w_recv(dtl_comm *c, void *b, size_t n, dtl_dtype t, int p) { return in_(c)->ops->recv(in_(c), b, n, t, p); }
@@ -106,6 +129,7 @@ static const dtl__comm_ops w_ops = {
     .all_gather_async = w_all_gather_async, .all_gatherv_async = w_all_gatherv_async,
     .all_reduce_async = w_all_reduce_async, .reduce_scatter_async = w_reduce_scatter_async,
     .all_to_all_async = w_all_to_all_async, .all_to_allv_async = w_all_to_allv_async,
+    .reduce_scatterv_async = w_reduce_scatterv_async, .all_to_allv_displs_async = w_all_to_allv_displs_async,
     .check = w_check, .abort = w_abort, .destroy = w_destroy, .synchronize = w_sync,
 };
 /* The same transport without its optional entries, as a transport that lacks them (NCCL) looks. */
@@ -146,6 +170,7 @@ int tu_mesh_open(int ndim, const int *shape, tu_mesh *m) {
   w_plain_ops = w_ops;
   w_plain_ops.name = "counting-mpi-plain";
   w_plain_ops.all_to_allv_displs = NULL;
+  w_plain_ops.all_to_allv_displs_async = NULL;
   dtl_comm *inner;
   if (dtl_comm_from_mpi(m->mpi, &inner) != DTL_OK ||
       w_wrap(tu_plain_transport ? &w_plain_ops : &w_ops, inner, &m->comm) != DTL_OK ||
@@ -194,7 +219,7 @@ void tu_parent_close(void) {
 }
 
 /* A mesh over the world ranks list[0..n) of tu_parent(); the checking communicator holds its members in mesh order. */
-static int tu_sub_open(int n, const int *list, int ndim, const int *shape, tu_mesh *m) {
+int tu_sub_open(int n, const int *list, int ndim, const int *shape, tu_mesh *m) {
   memset(m, 0, sizeof *m);
   m->mpi = MPI_COMM_NULL;
   m->ndim = ndim;

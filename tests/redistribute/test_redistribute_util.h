@@ -51,6 +51,14 @@ void tu_pair_close(tu_pair *pr);
 const char *tu_pair_text(const tu_pair *pr);
 dtl_comm *tu_parent(void);
 void tu_parent_close(void);
+/* A mesh of shape (ndim dims) over the n ranks list[] of MPI_COMM_WORLD, in that order, on tu_parent() (collective
+ * over MPI_COMM_WORLD; 0 on success). */
+int tu_sub_open(int n, const int *list, int ndim, const int *shape, tu_mesh *m);
+
+/* The wrapped transports' nonblocking starts (every *_async entry and every exchange with a request), counted over
+ * every communicator; the tu_fail_at-th (counted from the start of the process) fails with DTL_ERR_COMM and starts
+ * nothing (0: none fails). */
+extern long tu_starts, tu_fail_at;
 
 /* Allocation counts of the wrapped transports (every mem_alloc of every communicator of every tu_mesh). */
 typedef struct {

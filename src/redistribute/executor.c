@@ -4,8 +4,8 @@
  * steps and their parts, each on the communicator of its mesh dim: one machine, run to the end with blocking
  * transfers or kept in the plan's request and moved on by dtl_test and dtl_wait. Everything else was derived when
  * the plan was created (compile.c), so a call reads no environment and allocates nothing: scratch comes from the
- * caller's workspace or from the plan's own, which its first execution allocates in the mesh communicator's memory
- * (lazily, so that plans that are only explained, cached or run with a caller's workspace never hold any). */
+ * caller's workspace or from the plan's own, acquired in the mesh communicator's memory when dtl_plan_create made
+ * the plan (so that no execution, the first included, can fail alone for memory: comm.h). */
 #include <stdlib.h>
 #include <string.h>
 #include "redistribute/executor_internal.h"
@@ -20,8 +20,19 @@ void dtl__plan_release(dtl_plan *p) {
 
 size_t dtl_plan_workspace_bytes(const dtl_plan *p) { return p && p->exec ? p->exec->ws_bytes : 0; }
 
-/* The plan's own workspace, at least bytes long: grown only when a call needs more than any before it (the
- * first call, and at most once more for a purely local plan first run on distinct buffers, then in place). */
+static dtl_status dtl__own_workspace(const char *fn, struct dtl__plan_exec *x, const dtl__mem *mem, size_t bytes,
+                                     void **ws);
+
+dtl_status dtl__plan_acquire_workspace(const char *fn, dtl_plan *p) {
+  const dtl_mesh *sm = p->src.mesh, *dm = p->dst.mesh;
+  if (!p->exec || !sm->parent || !(sm->member || dm->member) || p->exec->ws_bytes == 0) return DTL_OK;
+  void *ws = NULL;
+  return dtl__own_workspace(fn, p->exec, dtl__mesh_mem(sm), p->exec->ws_bytes, &ws);
+}
+
+/* The plan's own workspace, at least bytes long. Acquired at creation for the larger placement
+ * (dtl__plan_acquire_workspace), so an execution only grows it for a plan that was made without one (none of the
+ * public constructors). */
 static dtl_status dtl__own_workspace(const char *fn, struct dtl__plan_exec *x, const dtl__mem *mem, size_t bytes,
                                      void **ws) {
   if (bytes > x->own_bytes) {

@@ -91,6 +91,10 @@ dtl_status dtl__plan_fits(const char *fn, const dtl_plan *p, size_t limit, bool 
  * with fn naming the entry point in messages. */
 dtl_status dtl__plan_run(const char *fn, const struct dtl_plan *p, const void *src_local, void *dst_local, bool own,
                          void *ws, size_t ws_bytes);
+/* Acquires the plan's own workspace (dtl_plan_workspace_bytes, in the mesh communicator's memory) on a rank of an
+ * executable plan: the public constructors call it, so that dtl_plan_execute never allocates and a first execution
+ * cannot fail alone (comm.h); the plans of dtl_redistribute's cache run in the cache's workspace instead. */
+dtl_status dtl__plan_acquire_workspace(const char *fn, struct dtl_plan *p);
 /* Frees what compilation and execution attached to p (its compiled form and workspace), not p itself. */
 void dtl__plan_release(struct dtl_plan *p);
 

@@ -721,20 +721,35 @@ dtl_status dtl__plan_create(const char *fn, const dtl_layout *src, const dtl_lay
   return DTL_OK;
 }
 
+/* The public constructors: the plan, with its own workspace acquired (plan_internal.h). */
+static dtl_status dtl__plan_create_public(const char *fn, const dtl_layout *src, const dtl_layout *dst,
+                                          const dtl_cost_model *over, size_t limit, dtl_plan **out) {
+  DTL_CHECK_ARG(out != NULL, fn, "out=NULL");
+  dtl_plan *p = NULL;
+  DTL_TRY(dtl__plan_create(fn, src, dst, over, limit, &p));
+  dtl_status st = dtl__plan_acquire_workspace(fn, p);
+  if (st != DTL_OK) {
+    dtl_plan_destroy(p);
+    return st;
+  }
+  *out = p;
+  return DTL_OK;
+}
+
 dtl_status dtl_plan_create(const dtl_layout *src, const dtl_layout *dst, dtl_plan **out) {
-  return dtl__plan_create("dtl_plan_create", src, dst, NULL, SIZE_MAX, out);
+  return dtl__plan_create_public("dtl_plan_create", src, dst, NULL, SIZE_MAX, out);
 }
 
 dtl_status dtl_plan_create_with_limit(const dtl_layout *src, const dtl_layout *dst, size_t max_scratch_bytes,
                                       dtl_plan **out) {
   DTL_CHECK_ARG(max_scratch_bytes != SIZE_MAX, "dtl_plan_create_with_limit",
                 "max_scratch_bytes=SIZE_MAX (use dtl_plan_create for the default bound)");
-  return dtl__plan_create("dtl_plan_create_with_limit", src, dst, NULL, max_scratch_bytes, out);
+  return dtl__plan_create_public("dtl_plan_create_with_limit", src, dst, NULL, max_scratch_bytes, out);
 }
 
 dtl_status dtl_plan_create_with_cost(const dtl_layout *src, const dtl_layout *dst, const dtl_cost_model *cost,
                                      dtl_plan **out) {
   static const char fn[] = "dtl_plan_create_with_cost";
   DTL_CHECK_ARG(cost != NULL, fn, "cost=NULL (use dtl_plan_create for the defaults)");
-  return dtl__plan_create(fn, src, dst, cost, SIZE_MAX, out);
+  return dtl__plan_create_public(fn, src, dst, cost, SIZE_MAX, out);
 }

@@ -106,7 +106,7 @@ dtl_status dtl__plan_cached(const dtl_layout *src, const dtl_layout *dst, const 
   }
   pc->misses++;
   dtl_plan *plan;
-  DTL_TRY(dtl_plan_create(src, dst, &plan));
+  DTL_TRY(dtl__plan_create("dtl_redistribute", src, dst, NULL, SIZE_MAX, &plan)); /* runs in the cache's workspace */
   dtl__plan_entry *e = dtl__malloc(sizeof *e);
   if (!e) {
     dtl_plan_destroy(plan);

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "redistribute/executor_internal.h"
+#include "redistribute/cost.h"
 #include "redistribute/xmap.h"
 
 /* Blocks that split tensor dim d of a row-major box, taken in increasing offset order, are consecutive in
@@ -597,6 +598,80 @@ static size_t dtl__cap(const dtl_plan *p, size_t limit, const dtl__view *v) {
   return limit == SIZE_MAX ? (v->a0 > v->d0 ? v->a0 : v->d0) : limit / dtl_dtype_size(p->src.dtype);
 }
 
+/* Rank v's scratch need (elements) and budget for plan p: ex holds room for p's steps, xm and xs the exchange's. */
+static void dtl__fits_view(const dtl_plan *p, size_t limit, int r, int q, dtl__ex_step *ex, int xk, dtl__xmap *xm,
+                           dtl__xstep *xs, size_t *need, size_t *cap) {
+  dtl__view v;
+  dtl__view_of(p, r, q, &v);
+  dtl__analyze(p, &v, ex);
+  bool local = true;
+  for (int k = 0; k < p->nsteps; k++) local &= !dtl__ex_communicates(ex[k].op);
+  if (xk >= 0) {
+    ex[xk].x = xs;
+    dtl__exchange_messages(p, xm, &v, &ex[xk], xs);
+  }
+  dtl__ex_layout place[2];
+  *cap = dtl__cap(p, limit, &v);
+  dtl__place_view(p, &v, ex, xk, local, *cap, place);
+  *need = place[0].scr;
+}
+
+/* The coordinates of mesh dim m that stand for all of its coordinates in a plan without an exchange, ascending, into
+ * out (room for DTL__REP_MAX); returns how many, or -1 when there would be more. Such a plan's scratch on a rank
+ * depends only on the shapes of the rank's boxes under the plan's placement vectors (every pass, temporary and
+ * placement is sized from them), and the extent a split of parent extent E into p chunks gives coordinate c is one
+ * of three: full below E's count of full chunks nf, the remainder at nf, empty above. So coordinates between two
+ * consecutive breakpoints (0, and nf and nf + 1 for every parent extent that m splits in some vector) have the same
+ * boxes everywhere, and the first of each run represents it. */
+#define DTL__REP_MAX 512
+static int dtl__rep_coords(const dtl_plan *p, int m, int *out) {
+  const dtl_mesh *mesh = p->src.mesh;
+  int pm = mesh->shape[m], n = 0;
+  const dtl_placement *vec[2 * DTL__MAX_PLAN_STEPS + 2];
+  int nv = 0;
+  vec[nv++] = p->src.placements;
+  vec[nv++] = p->dst.placements;
+  for (int k = 0; k < p->nsteps; k++) vec[nv++] = p->steps[k].before, vec[nv++] = p->steps[k].after;
+  bool mark[DTL__REP_MAX] = {false}; /* breakpoints below DTL__REP_MAX, then those above in a list */
+  int far[DTL__REP_MAX], nfar = 0;
+  mark[0] = true;
+  for (int i = 0; i < nv; i++) {
+    const dtl_placement *pl = vec[i];
+    if (pl[m].kind != DTL_SHARD) continue;
+    int d = pl[m].dim, ks[DTL_MAX_MESH_DIMS], nk = 0;
+    for (int k = 0; k < m; k++)
+      if (pl[k].kind == DTL_SHARD && pl[k].dim == d) ks[nk++] = mesh->shape[k];
+    int64_t ext[DTL__EXTENT_SET_MAX];
+    int ne = dtl__extent_set(p->src.shape[d], ks, nk, ext);
+    for (int e = 0; e < ne; e++) {
+      int64_t off, cs;
+      dtl__chunk(ext[e], pm, 0, &off, &cs);
+      int64_t nf = cs ? ext[e] / cs : pm;
+      for (int64_t b = nf; b <= nf + 1; b++) {
+        if (b >= pm) continue;
+        if (b < DTL__REP_MAX) {
+          mark[b] = true;
+          continue;
+        }
+        bool dup = false;
+        for (int f = 0; f < nfar; f++) dup |= far[f] == b;
+        if (dup) continue;
+        if (nfar == DTL__REP_MAX) return -1;
+        far[nfar++] = (int)b;
+      }
+    }
+  }
+  for (int c = 0; c < DTL__REP_MAX && c < pm; c++)
+    if (mark[c]) out[n++] = c;
+  for (int f = 0; f < nfar; f++) { /* insertion into the ascending tail */
+    if (n == DTL__REP_MAX) return -1;
+    int j = n++;
+    while (j > 0 && out[j - 1] > far[f]) out[j] = out[j - 1], j--;
+    out[j] = far[f];
+  }
+  return n;
+}
+
 dtl_status dtl__plan_fits(const char *fn, const dtl_plan *p, size_t limit, bool *fits, size_t *worst) {
   int n = p->nsteps, xk = dtl__exchange_step(p);
   const dtl_mesh *sm = p->src.mesh, *dm = p->dst.mesh;
@@ -613,28 +688,41 @@ dtl_status dtl__plan_fits(const char *fn, const dtl_plan *p, size_t limit, bool 
       return st;
     }
   }
-  /* Every rank of either mesh: the source mesh's ranks (with their target rank, if any), then the target mesh's
-   * ranks outside the source mesh. */
   *fits = true;
   *worst = 0;
+  size_t need, cap;
+  /* Without an exchange (one mesh), the representative coordinates of every mesh dim (dtl__rep_coords): planning
+   * a mesh of 393k ranks then checks a few dozen instead of every rank. */
+  int reps[DTL_MAX_MESH_DIMS][DTL__REP_MAX];
+  int nrep[DTL_MAX_MESH_DIMS], M = sm->ndim;
+  bool by_rep = xk < 0 && sm == dm;
+  uint64_t combos = 1;
+  for (int m = 0; by_rep && m < M; m++) {
+    nrep[m] = dtl__rep_coords(p, m, reps[m]);
+    by_rep = nrep[m] > 0 && (combos *= (uint64_t)nrep[m]) < (uint64_t)sm->size;
+  }
+  if (by_rep) {
+    int idx[DTL_MAX_MESH_DIMS] = {0};
+    for (uint64_t c = 0; c < combos; c++) {
+      int r = 0;
+      for (int m = 0; m < M; m++) r = r * sm->shape[m] + reps[m][idx[m]];
+      dtl__fits_view(p, limit, r, r, ex, xk, &xm, &xs, &need, &cap);
+      if (need > cap) *fits = false;
+      if (need * es > *worst) *worst = need * es;
+      for (int m = M - 1; m >= 0 && ++idx[m] == nrep[m]; m--) idx[m] = 0;
+    }
+    dtl__free(ex);
+    return DTL_OK;
+  }
+  /* Every rank of either mesh: the source mesh's ranks (with their target rank, if any), then the target mesh's
+   * ranks outside the source mesh. */
   for (int i = 0; i < sm->size + (sm != dm ? dm->size : 0); i++) {
     int r = i < sm->size ? i : -1, q = i < sm->size ? (sm == dm ? i : -1) : i - sm->size;
     if (sm != dm && r >= 0) q = dtl__xmap_s2d(&xm, r);
     if (sm != dm && r < 0 && dtl__xmap_d2s(&xm, q) >= 0) continue; /* counted with its source rank */
-    dtl__view v;
-    dtl__view_of(p, r, q, &v);
-    dtl__analyze(p, &v, ex);
-    bool local = true;
-    for (int k = 0; k < n; k++) local &= !dtl__ex_communicates(ex[k].op);
-    if (xk >= 0) {
-      ex[xk].x = &xs;
-      dtl__exchange_messages(p, &xm, &v, &ex[xk], &xs);
-    }
-    dtl__ex_layout place[2];
-    size_t cap = dtl__cap(p, limit, &v);
-    dtl__place_view(p, &v, ex, xk, local, cap, place);
-    if (place[0].scr > cap) *fits = false;
-    if (place[0].scr * es > *worst) *worst = place[0].scr * es;
+    dtl__fits_view(p, limit, r, q, ex, xk, &xm, &xs, &need, &cap);
+    if (need > cap) *fits = false;
+    if (need * es > *worst) *worst = need * es;
   }
   if (xk >= 0) dtl__xmap_free(&xm);
   dtl__free(ex);

@@ -217,10 +217,7 @@ void dtl__step_volume_at(const dtl_layout *g, dtl__step_kind kind, int m, const 
   dtl__volume_scalar(kind, p, A, a, a_next, B, b, rest, dtl_dtype_size(g->dtype), out);
 }
 
-/* The distinct extents that tensor dim d of size n takes after the splits of the mesh dims in ks (left to
- * right). torch.chunk gives at most three sizes per split (full, remainder, empty), so the set stays small. */
-#define DTL__EXTENT_SET_MAX 32 /* 3^3 + 1: at most three splits besides the step's own */
-static int dtl__extent_set(int64_t n, const int *ks, int nk, int64_t *out) {
+int dtl__extent_set(int64_t n, const int *ks, int nk, int64_t *out) {
   int cnt = 1;
   out[0] = n;
   for (int l = 0; l < nk; l++) {

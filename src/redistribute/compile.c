@@ -212,6 +212,9 @@ static void dtl__analyze(const dtl_plan *p, const dtl__view *v, dtl__ex_step *ex
   size_t es = dtl_dtype_size(p->src.dtype);
   dtl_memory mem = dtl__mesh_mem(mesh)->ops->memory;
   bool displs = mesh->comm && mesh->comm->ops->all_to_allv_displs;
+  /* Whether the rank's data is one value throughout (a fill wrote the identity of its op over it): any order of
+   * its elements is then the same buffer, so a reduce-scatter of it needs no pack pass (nor its region). */
+  bool uniform = false;
   for (int k = 0; k < p->nsteps; k++) {
     const dtl__plan_step *s = &p->steps[k];
     dtl__ex_step *e = &ex[k];
@@ -262,7 +265,7 @@ static void dtl__analyze(const dtl_plan *p, const dtl__view *v, dtl__ex_step *ex
       case DTL__STEP_REDUCE_SCATTER:
         e->op = EX_REDUCE_SCATTER;
         e->rop = from.op;
-        e->pack = !dtl__split_is_contiguous(nd, e->in_shape, to.dim);
+        e->pack = !uniform && !dtl__split_is_contiguous(nd, e->in_shape, to.dim);
         e->t = e->pack ? dtl__chunking(e, nd, e->in_shape, e->a, es, mem, p->chunk_bytes) : 0;
         break;
       case DTL__STEP_ALL_TO_ALL:
@@ -276,6 +279,7 @@ static void dtl__analyze(const dtl_plan *p, const dtl__view *v, dtl__ex_step *ex
         break;
       case DTL__STEP_EXCHANGE: break; /* above */
     }
+    uniform = e->op == EX_FILL || (uniform && e->op == EX_SLICE);
   }
 }
 

@@ -82,6 +82,7 @@ typedef struct {
   const dtl_placement *src_pl;
   bool cross, reduce_only;
   bool scatter_first; /* a Partial may be all-reduced only where no reduce-scatter is legal (its result is smaller) */
+  bool reduce_whole;  /* Partials are all-reduced only: the reduced shard is the source's box, whatever the split */
   int goal, rounds;
   int64_t xmin;
 } dtl__space;
@@ -357,6 +358,7 @@ static int dtl__search_run(dtl__search_state *S, int from, int to) {
         dtl__step_kind kind;
         if (!dtl__step_legal(s->geom->mesh, pl, m, q, &kind)) continue;
         if (S->limited && u.steps == DTL__MAX_PLAN_STEPS) continue;
+        if (s->reduce_whole && kind == DTL__STEP_REDUCE_SCATTER) continue;
         if (s->scatter_first && kind == DTL__STEP_ALL_REDUCE && dtl__scatter_dim(s, pl, m) >= 0) continue;
         if (s->scatter_first && kind == DTL__STEP_REDUCE_SCATTER && q.dim != dtl__scatter_dim(s, pl, m)) continue;
         memcpy(nx, pl, sizeof nx);
@@ -698,12 +700,16 @@ dtl_status dtl__plan_create(const char *fn, const dtl_layout *src, const dtl_lay
     dtl__keep(&p, &fits, &worst, st == DTL_OK && qfits, q, qfits, qworst);
     q = NULL;
   }
-  for (int tier = 0; tier < 2 && st == DTL_OK && !fits && s.xm; tier++) {
+  /* Tiers: the cheapest reductions; reduce-scatters onto the largest pieces, pack passes one row at a time; only
+   * all-reduces, whose output is the source's box (a reduce-scatter onto a dim of small extent can leave one rank
+   * more than its source holds, with its pack region beside it). */
+  for (int tier = 0; tier < 3 && st == DTL_OK && !fits && s.xm; tier++) {
     bool qfits = false;
     size_t qworst = 0;
     s.reduce_only = true;
     s.scatter_first = tier == 1;
-    st = dtl__plan_bounded(fn, &s, src, dst, limit, tier == 1 ? 1 : 0, &q, &qfits, &qworst);
+    s.reduce_whole = tier == 2;
+    st = dtl__plan_bounded(fn, &s, src, dst, limit, tier >= 1 ? 1 : 0, &q, &qfits, &qworst);
     dtl__keep(&p, &fits, &worst, st == DTL_OK && (qfits || qworst < worst), q, qfits, qworst);
     q = NULL;
   }

@@ -15,7 +15,8 @@ extern "C" {
 typedef struct dtl_plan dtl_plan;
 
 /* Cost model: a collective on p ranks costs (ring rounds + 1) * alpha_s (the 1 is the call itself) plus
- * bytes per rank * beta_s_per_byte; purely local steps cost bytes touched * local_beta_s_per_byte. Ring
+ * bytes per rank * beta_s_per_byte; purely local steps cost bytes touched * local_beta_s_per_byte (a slice that
+ * keeps a rank's whole box touches none). Ring
  * rounds and bytes: all-gather p-1, the bytes received; all-reduce 2(p-1), 2(p-1)/p of the shard;
  * reduce-scatter p-1, the shard less the block kept; all-to-all p-1, the larger of the bytes sent and
  * received. Bytes are the maximum over all ranks of the mesh, from the global shape (uneven shards
@@ -68,7 +69,8 @@ DTL_API dtl_status dtl_cost_model_save(const char *path, const dtl_mesh *mesh, c
  * rank intersects its box with every target box and sends exactly those pieces point to point (a rank whose data
  * does not change owner moves nothing; a replicated source spreads its sends over its replicas; a Partial target's
  * identity coordinates just fill). It is priced at alpha per peer contacted plus alpha for the call, and beta per
- * byte of the larger of what a rank sends and receives (the maximum over the ranks); a tie keeps the per-dim step.
+ * byte of the larger of what a rank sends and receives (the maximum over the ranks); a tie (also in total bytes, below)
+ * keeps the per-dim step.
  * src and dst must have one dtype and global shape, and share the mesh object or be on two meshes of one parent
  * (dtl_mesh_create_from_ranks: disjoint, overlapping, or the same ranks in another shape). Between two meshes the
  * plan reduces the source's pending Partials on the source mesh first (the cheapest of all-reduce and
@@ -89,8 +91,9 @@ DTL_API dtl_status dtl_cost_model_save(const char *path, const dtl_mesh *mesh, c
  * shapes, so every rank derives the same plan. One exception, with pending Partials only: where a reduce-scatter
  * must split a dim of small extent unevenly, the reduced shard plus one round of the exchange can exceed the bound
  * (by at most the bound again; README, Memory).
- * Pure and deterministic: no communication, and every rank derives the same steps (ties go to fewer
- * steps, then to a fixed order). The per-rank byte figures of explain are those of this rank's coordinate. */
+ * Pure and deterministic: no communication, and every rank derives the same steps (ties in cost go to fewer bytes
+ * sent over all ranks together, since the model prices only the busiest rank; then to fewer steps, then to a fixed
+ * order). The per-rank byte figures of explain are those of this rank's coordinate. */
 DTL_API dtl_status dtl_plan_create(const dtl_layout *src, const dtl_layout *dst, dtl_plan **out);
 DTL_API dtl_status dtl_plan_create_with_cost(const dtl_layout *src, const dtl_layout *dst, const dtl_cost_model *cost,
                                              dtl_plan **out);

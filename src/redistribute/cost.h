@@ -41,6 +41,10 @@ void dtl__step_volume_at(const dtl_layout *geom, dtl__step_kind kind, int m, con
                          const dtl_placement *after, const int *coord, dtl__step_volume *out);
 void dtl__step_volume_max(const dtl_layout *geom, dtl__step_kind kind, int m, const dtl_placement *before,
                           const dtl_placement *after, dtl__step_volume *out);
+/* The bytes a step sends over all ranks of the mesh together (its groups' ring or pairwise totals, from the global
+ * shapes; 0 for local steps), saturating at UINT64_MAX: the planner's tie-break between routes of equal cost. */
+uint64_t dtl__step_volume_total(const dtl_layout *geom, dtl__step_kind kind, int m, const dtl_placement *before,
+                                const dtl_placement *after);
 /* Of the `send` bytes the rank at coord sends in a step on mesh dim m, those that go to ranks on other nodes: all of
  * them when its ring successor on m is on another node (all-gather, all-reduce, reduce-scatter), the share of its
  * peers on other nodes for an all-to-all (its pieces taken as even), none for local steps. */

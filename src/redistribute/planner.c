@@ -186,12 +186,14 @@ static int64_t dtl__perdim_bound(const dtl__space *s, const dtl_placement *pl, c
  * overflow. */
 typedef struct {
   int64_t cost;
+  uint64_t bytes;           /* sent over all ranks so far: the tie-break between equal costs */
   int steps, state, parent; /* parent: the label this one extends, -1 for the start */
   bool via;                 /* reached by the exchange */
 } dtl__label;
 
 typedef struct {
   int64_t f; /* cost so far + bound */
+  uint64_t bytes;
   int steps, state, label;
 } dtl__hnode;
 
@@ -202,6 +204,7 @@ typedef struct {
 
 static bool dtl__hless(dtl__hnode x, dtl__hnode y) {
   if (x.f != y.f) return x.f < y.f;
+  if (x.bytes != y.bytes) return x.bytes < y.bytes;
   if (x.steps != y.steps) return x.steps < y.steps;
   if (x.state != y.state) return x.state < y.state;
   return x.label < y.label;
@@ -257,10 +260,12 @@ static bool dtl__exchange_from(const dtl__space *s, const dtl_placement *pl) {
   return true;
 }
 
-static int64_t dtl__exchange_price(const dtl__space *s, const dtl_placement *pl) {
+/* The exchange's cost from pl, and (total may be NULL) the bytes it moves over all ranks. */
+static int64_t dtl__exchange_price(const dtl__space *s, const dtl_placement *pl, uint64_t *total) {
   dtl__xvolume v;
   dtl__xmap_source(s->xm, pl);
   dtl__xmap_volume_max(s->xm, &v);
+  if (total) *total = v.total;
   return dtl__exchange_cost_ps(s->cost, &v, s->rounds);
 }
 
@@ -288,14 +293,29 @@ static int dtl__scatter_dim(const dtl__space *s, const dtl_placement *pl, int m)
   return best;
 }
 
+/* A route's price: its cost, then (between equal costs) the bytes it sends over all ranks, so that of two routes
+ * whose slowest ranks take equally long the one that moves less in all wins (e.g. slicing a replicated dim before
+ * a reduce-scatter, so that ranks without data send nothing). */
+typedef struct {
+  int64_t ps;
+  uint64_t bytes;
+} dtl__price;
+
+static int dtl__price_cmp(dtl__price x, dtl__price y) {
+  if (x.ps != y.ps) return x.ps < y.ps ? -1 : 1;
+  return x.bytes < y.bytes ? -1 : x.bytes > y.bytes;
+}
+
+static uint64_t dtl__sat_addu(uint64_t a, uint64_t b) { return a > UINT64_MAX - b ? UINT64_MAX : a + b; }
+
 /* Per state, what makes a new label redundant: the fewest steps of a label already expanded (every later
  * label of the state is at least as dear), and two labels already queued, the cheapest (with its steps)
- * and the shortest (with its cost). The limited search checks against both queued labels, which misses
+ * and the shortest (with its price). The limited search checks against both queued labels, which misses
  * some dominated labels (costing time, never a route); the one-label search against the cheapest. */
 enum { DTL__NO_STEPS = 1 << 30 };
 typedef struct {
   int expanded_steps; /* DTL__NO_STEPS: none expanded yet */
-  int64_t cheap_cost, short_cost;
+  dtl__price cheap, shortest;
   int cheap_steps, short_steps; /* DTL__NO_STEPS: none queued yet */
 } dtl__seen;
 
@@ -309,23 +329,24 @@ typedef struct {
   dtl__heap h;
 } dtl__search_state;
 
-/* Queues the label (cost, steps, state, parent, via) unless a label of its state makes it redundant: 0, or -1
+/* Queues the label (price, steps, state, parent, via) unless a label of its state makes it redundant: 0, or -1
  * when out of memory, or 1 when the one-label search would queue a label longer than the limit. */
-static int dtl__offer(dtl__search_state *S, int64_t cost, int64_t bound, int steps, int state, int parent, bool via) {
+static int dtl__offer(dtl__search_state *S, dtl__price c, int64_t bound, int steps, int state, int parent, bool via) {
   dtl__seen *v = &S->seen[state];
-  bool redundant = S->limited ? v->expanded_steps <= steps || (v->cheap_cost <= cost && v->cheap_steps <= steps) ||
-                                    (v->short_cost <= cost && v->short_steps <= steps)
-                              : v->expanded_steps != DTL__NO_STEPS ||
-                                    (v->cheap_steps != DTL__NO_STEPS &&
-                                     (v->cheap_cost < cost || (v->cheap_cost == cost && v->cheap_steps <= steps)));
+  int vs_cheap = v->cheap_steps == DTL__NO_STEPS ? 1 : dtl__price_cmp(v->cheap, c);
+  bool redundant = S->limited ? v->expanded_steps <= steps || (vs_cheap <= 0 && v->cheap_steps <= steps) ||
+                                    (v->short_steps != DTL__NO_STEPS && dtl__price_cmp(v->shortest, c) <= 0 &&
+                                     v->short_steps <= steps)
+                              : v->expanded_steps != DTL__NO_STEPS || vs_cheap < 0 ||
+                                    (vs_cheap == 0 && v->cheap_steps <= steps);
   if (redundant) return 0;
   if (steps > DTL__MAX_PLAN_STEPS) return 1; /* never in the limited search: it does not expand such labels */
-  if (v->cheap_steps == DTL__NO_STEPS || cost < v->cheap_cost || (cost == v->cheap_cost && steps < v->cheap_steps))
-    v->cheap_cost = cost, v->cheap_steps = steps;
-  if (steps < v->short_steps || (steps == v->short_steps && cost < v->short_cost)) v->short_cost = cost, v->short_steps = steps;
+  if (vs_cheap > 0 || (vs_cheap == 0 && steps < v->cheap_steps)) v->cheap = c, v->cheap_steps = steps;
+  if (steps < v->short_steps || (steps == v->short_steps && dtl__price_cmp(c, v->shortest) < 0))
+    v->shortest = c, v->short_steps = steps;
   if (!dtl__grow((void **)&S->a, &S->cap, S->n, sizeof *S->a)) return -1;
-  S->a[S->n] = (dtl__label){cost, steps, state, parent, via};
-  return dtl__hpush(&S->h, (dtl__hnode){cost + bound, steps, state, S->n++}) ? 0 : -1;
+  S->a[S->n] = (dtl__label){c.ps, c.bytes, steps, state, parent, via};
+  return dtl__hpush(&S->h, (dtl__hnode){c.ps + bound, c.bytes, steps, state, S->n++}) ? 0 : -1;
 }
 
 /* One search from `from` to `to` (see above): the target's label, or -1 out of memory, or -2 when the
@@ -335,17 +356,17 @@ static int dtl__search_run(dtl__search_state *S, int from, int to) {
   dtl_placement target[DTL_MAX_MESH_DIMS], pl[DTL_MAX_MESH_DIMS], nx[DTL_MAX_MESH_DIMS];
   if (to < s->nstates) dtl__decode(s, to, target);
   else dtl__decode(s, from, target); /* the goal on another mesh: only the exchange bound applies */
-  for (int i = 0; i < S->nseen; i++) S->seen[i] = (dtl__seen){DTL__NO_STEPS, 0, 0, DTL__NO_STEPS, DTL__NO_STEPS};
+  for (int i = 0; i < S->nseen; i++) S->seen[i] = (dtl__seen){DTL__NO_STEPS, {0, 0}, {0, 0}, DTL__NO_STEPS, DTL__NO_STEPS};
   S->n = S->h.n = 0;
   dtl__decode(s, from, pl);
-  if (dtl__offer(S, 0, dtl__remaining_bound(s, pl, target), 0, from, -1, false) < 0) return -1;
+  if (dtl__offer(S, (dtl__price){0, 0}, dtl__remaining_bound(s, pl, target), 0, from, -1, false) < 0) return -1;
   while (S->h.n > 0) {
     dtl__hnode u = dtl__hpop(&S->h);
     int *expanded = &S->seen[u.state].expanded_steps;
     if (S->limited ? *expanded <= u.steps : *expanded != DTL__NO_STEPS) continue;
     *expanded = u.steps;
     if (u.state == to) return u.label;
-    int64_t g = S->a[u.label].cost;
+    dtl__price g = {S->a[u.label].cost, S->a[u.label].bytes};
     dtl__decode(s, u.state, pl);
     for (int m = 0; m < s->M; m++) {
       int p = s->geom->mesh->shape[m];
@@ -367,7 +388,8 @@ static int dtl__search_run(dtl__search_state *S, int from, int to) {
         if (S->limited ? ve <= u.steps + 1 : ve != DTL__NO_STEPS) continue; /* before pricing the step */
         dtl__step_volume vol;
         dtl__step_volume_max(s->geom, kind, m, pl, nx, &vol);
-        int64_t c = g + dtl__step_cost_ps(s->cost, kind, p, &vol, s->geom->mesh->dim_inter[m]);
+        dtl__price c = {g.ps + dtl__step_cost_ps(s->cost, kind, p, &vol, s->geom->mesh->dim_inter[m]),
+                        dtl__sat_addu(g.bytes, dtl__step_volume_total(s->geom, kind, m, pl, nx))};
         int r = dtl__offer(S, c, dtl__remaining_bound(s, nx, target), u.steps + 1, v, u.label, false);
         if (r) return r < 0 ? -1 : -2;
       }
@@ -376,7 +398,9 @@ static int dtl__search_run(dtl__search_state *S, int from, int to) {
     int ve = S->seen[to].expanded_steps;
     if (s->xm && !(S->limited ? ve <= u.steps + 1 || u.steps == DTL__MAX_PLAN_STEPS : ve != DTL__NO_STEPS) &&
         dtl__exchange_from(s, pl)) {
-      int r = dtl__offer(S, g + dtl__exchange_price(s, pl), 0, u.steps + 1, to, u.label, true);
+      uint64_t total = 0;
+      dtl__price c = {g.ps + dtl__exchange_price(s, pl, &total), dtl__sat_addu(g.bytes, total)};
+      int r = dtl__offer(S, c, 0, u.steps + 1, to, u.label, true);
       if (r) return r < 0 ? -1 : -2;
     }
   }
@@ -672,7 +696,7 @@ dtl_status dtl__plan_create(const char *fn, const dtl_layout *src, const dtl_lay
   s.goal = cross ? s.nstates : dtl__encode(&s, dst->placements);
   bool pfree = true;
   for (int m = 0; m < s.M; m++) pfree &= mesh->shape[m] == 1 || src->placements[m].kind != DTL_PARTIAL;
-  s.xmin = pfree && s.xm ? dtl__exchange_price(&s, src->placements) : 0;
+  s.xmin = pfree && s.xm ? dtl__exchange_price(&s, src->placements, NULL) : 0;
 
   /* The cheapest route; if it does not fit, the bounded family, first with the executor's own pack chunking, then
    * reduce-scatters before all-reduces and pack passes one row at a time; the first that fits, else the closest. */

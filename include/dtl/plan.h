@@ -142,7 +142,10 @@ DTL_API dtl_status dtl_plan_execute_async(const dtl_plan *p, const void *src_loc
  * figure below, or more for a purely local plan run in place (src_local == dst_local). 0 for NULL. */
 DTL_API size_t dtl_plan_workspace_bytes(const dtl_plan *p);
 /* EXPLAIN-style text: one line per step (mesh dim, collective, tensor dims, bytes sent/received per rank,
- * estimated time; an exchange names both placement vectors and its rounds) and the total. A too-small buffer is DTL_ERR_INVALID_ARGUMENT naming the size needed,
+ * estimated time; an exchange names both placement vectors and its rounds) and the total; when dtl_plan_create's
+ * scratch bound made the plan dearer than the cheapest route, one more line ("scratch bound") with that route's
+ * collectives and time, the scratch it needs on its busiest rank, and the dtl_plan_create_with_limit limit that
+ * returns it. A too-small buffer is DTL_ERR_INVALID_ARGUMENT naming the size needed,
  * which dtl_plan_explain_needed returns (including the NUL). */
 DTL_API dtl_status dtl_plan_explain(const dtl_plan *p, char *buf, size_t cap);
 DTL_API size_t dtl_plan_explain_needed(const dtl_plan *p);

@@ -61,6 +61,12 @@ struct dtl_plan {
   dtl__plan_step steps[DTL__MAX_PLAN_STEPS];
   double total_cost_s;
   size_t scratch_bytes;
+  /* Set when dtl_plan_create's scratch bound made the plan dearer than the cheapest route (explain says so): that
+   * route's cost, collectives, and largest scratch on any rank, the limit dtl_plan_create_with_limit would need to
+   * return it. unbounded_scratch 0: the bound changed nothing. */
+  double unbounded_cost_s;
+  int unbounded_collectives;
+  size_t unbounded_scratch;
   /* Compiled by dtl__plan_compile (executor_internal.h); NULL before. Reached through a pointer, so that the
    * driver can fill its count arrays and grow its workspace through a const plan. */
   struct dtl__plan_exec *exec;

@@ -714,6 +714,10 @@ dtl_status dtl__plan_create(const char *fn, const dtl_layout *src, const dtl_lay
     fits = true;
   else if (st == DTL_OK)
     st = dtl__plan_fits(fn, p, limit, &fits, &worst);
+  /* The cheapest route, for explain when the bound turns it down. */
+  double cost0 = st == DTL_OK ? p->total_cost_s : 0;
+  int calls0 = st == DTL_OK ? dtl_plan_num_collectives(p) : 0;
+  size_t worst0 = worst;
   /* The same route with its pack and unpack passes in smaller chunks (halved down to one row), when that is what
    * holds it back (its intermediate shards themselves fit). */
   for (size_t chunk = (size_t)1 << 20; st == DTL_OK && !fits && chunk >= 1; chunk /= 2) {
@@ -745,6 +749,11 @@ dtl_status dtl__plan_create(const char *fn, const dtl_layout *src, const dtl_lay
   if (st != DTL_OK) {
     dtl_plan_destroy(p);
     return st;
+  }
+  if (limit == SIZE_MAX && p->total_cost_s > cost0) {
+    p->unbounded_cost_s = cost0;
+    p->unbounded_collectives = calls0;
+    p->unbounded_scratch = worst0;
   }
   DTL_LOG(DTL_LOG_DEBUG, "plan", "%s: %d steps, est %.3g s", fn, p->nsteps, p->total_cost_s);
   *out = p;

@@ -64,7 +64,9 @@ DTL_API dtl_status dtl_cost_model_calibrate(const dtl_mesh *mesh, dtl_cost_model
 DTL_API dtl_status dtl_cost_model_save(const char *path, const dtl_mesh *mesh, const dtl_cost_model *model);
 
 /* Finds the cheapest sequence of steps. Each per-dim step changes one mesh dim: S(i)->R all-gather, P->R
- * all-reduce, P->S(i) reduce-scatter, S(i)->S(j) all-to-all, R->S(i) local slice, R->P local. The exchange step
+ * all-reduce, P->S(i) reduce-scatter, S(i)->S(j) all-to-all, R->S(i) local slice, R->P local, S(i)->P(op) local
+ * embed (each rank's shard at its place in the group's extent of i, the rest op's identity: reducing the group
+ * gives the unsplit values, as DTensor's Shard -> Partial; sum, prod, max, min). The exchange step
  * goes from a layout without pending Partials straight to the target in one step on any number of mesh dims: each
  * rank intersects its box with every target box and sends exactly those pieces point to point (a rank whose data
  * does not change owner moves nothing; a replicated source spreads its sends over its replicas; a Partial target's
@@ -81,9 +83,9 @@ DTL_API dtl_status dtl_cost_model_save(const char *path, const dtl_mesh *mesh, c
  * - pending Partials are reduced innermost mesh dim first; a reduction may run before an inner pending
  *   one only when their ops commute (equal ops, or sum with avg);
  * - mesh dims of size 1 never communicate: their placement is a relabeling, any pair allowed;
- * - on one mesh, a mesh dim whose source is S and target P, or source P(a) and target P(b != a), is
- *   DTL_ERR_UNSUPPORTED with the reason (reaching it would mean a collective whose result the relabeling mostly
- *   discards: ask for R there, or redistribute through R in two calls).
+ * - on one mesh, a mesh dim whose source is S and target P(avg) (avg has no identity to embed in), or source P(a)
+ *   and target P(b != a), is DTL_ERR_UNSUPPORTED with the reason (reaching it would mean a collective whose result
+ *   the relabeling mostly discards: ask for R there, or redistribute through R in two calls).
  * Memory: a plan's scratch (dtl_plan_scratch_bytes) is at most the larger of this rank's local source and target
  * bytes, on every rank: when the cheapest route would need more on some rank (a route through an intermediate
  * larger than both ends), the plan is the same route with smaller pack chunks, or else the cheapest route of

@@ -71,12 +71,13 @@ static dtl_status dtl__plan_check(const char *fn, const dtl_plan *p) {
         return dtl__error_fn(DTL_ERR_INTERNAL, fn, "plan step %d on mesh dim %d also changes mesh dim %d", k, md, d);
     }
     dtl_placement_kind from = s->before[md].kind, to = s->after[md].kind;
-    static const dtl_placement_kind want[7][2] = {
+    static const dtl_placement_kind want[8][2] = {
         [DTL__STEP_ALL_GATHER] = {DTL_SHARD, DTL_REPLICATE},     [DTL__STEP_ALL_REDUCE] = {DTL_PARTIAL, DTL_REPLICATE},
         [DTL__STEP_REDUCE_SCATTER] = {DTL_PARTIAL, DTL_SHARD},   [DTL__STEP_ALL_TO_ALL] = {DTL_SHARD, DTL_SHARD},
         [DTL__STEP_LOCAL_SLICE] = {DTL_REPLICATE, DTL_SHARD},    [DTL__STEP_LOCAL_PARTIAL] = {DTL_REPLICATE, DTL_PARTIAL},
-        [DTL__STEP_EXCHANGE] = {DTL_REPLICATE, DTL_REPLICATE}};
-    if ((unsigned)s->kind > DTL__STEP_LOCAL_PARTIAL || want[s->kind][0] != from || want[s->kind][1] != to)
+        [DTL__STEP_EXCHANGE] = {DTL_REPLICATE, DTL_REPLICATE},   [DTL__STEP_LOCAL_EMBED] = {DTL_SHARD, DTL_PARTIAL}};
+    if ((unsigned)s->kind > DTL__STEP_LOCAL_EMBED || s->kind == DTL__STEP_EXCHANGE || want[s->kind][0] != from ||
+        want[s->kind][1] != to)
       return dtl__error_fn(DTL_ERR_INTERNAL, fn, "plan step %d: kind %d does not turn placement kind %d into %d on mesh dim %d",
                            k, (int)s->kind, (int)from, (int)to, md);
     for (int w = 0; w < 2; w++) {
@@ -253,6 +254,10 @@ static void dtl__analyze(const dtl_plan *p, const dtl__view *v, dtl__ex_step *ex
         e->op = (v->scoord[e->m] == 0 || (to.op != DTL_SUM && to.op != DTL_PROD)) ? EX_NONE : EX_FILL;
         e->rop = to.op;
         break;
+      case DTL__STEP_LOCAL_EMBED: /* the output spans the group's extent: never over its own input */
+        e->op = EX_EMBED;
+        e->rop = to.op;
+        break;
       case DTL__STEP_ALL_REDUCE:
         e->op = EX_ALL_REDUCE;
         e->rop = from.op;
@@ -372,7 +377,7 @@ static bool dtl__exchange_temp(const dtl_plan *p, dtl__ex_step *e, int mode) {
 /* Elements a step copies locally beyond its collective (staged: one more copy of its output). */
 static size_t dtl__step_copies(const dtl__ex_step *e, bool staged) {
   size_t c = staged ? e->b : 0;
-  if (e->op == EX_SLICE || e->op == EX_FILL) c += e->b;
+  if (e->op == EX_SLICE || e->op == EX_FILL || e->op == EX_EMBED) c += e->b;
   if (e->op == EX_EXCHANGE) { /* its packing, and the receives that the smaller modes move once more */
     const dtl__xstep *x = e->x;
     return c + x->spack + x->rpack + (x->mode == DTL__X_APART ? 0 : x->rall);
@@ -756,7 +761,8 @@ dtl_status dtl__plan_compile(const char *fn, dtl_plan *p) {
     dtl__step_kind kind = p->steps[k].kind;
     if (kind == DTL__STEP_EXCHANGE) continue;
     int g = mesh->shape[p->steps[k].mesh_dim];
-    if (g == 1 || kind == DTL__STEP_LOCAL_SLICE || kind == DTL__STEP_LOCAL_PARTIAL) continue;
+    if (g == 1 || kind == DTL__STEP_LOCAL_SLICE || kind == DTL__STEP_LOCAL_PARTIAL || kind == DTL__STEP_LOCAL_EMBED)
+      continue;
     if (g > gmax) gmax = g;
     if (kind != DTL__STEP_ALL_REDUCE) words += 6 * (size_t)g;
   }

@@ -184,6 +184,7 @@ static void dtl__volume_scalar(dtl__step_kind kind, int p, uint64_t A, uint64_t 
       break;
     case DTL__STEP_LOCAL_SLICE: charged = b == B ? 0 : rest * b; break; /* keeping the whole box copies nothing */
     case DTL__STEP_LOCAL_PARTIAL: charged = rest; break;
+    case DTL__STEP_LOCAL_EMBED: charged = rest * A; break; /* writes the group's whole extent of i */
     case DTL__STEP_EXCHANGE: break; /* priced from its map (dtl__exchange_cost_ps) */
   }
   v->send = send * es;
@@ -336,7 +337,9 @@ static unsigned __int128 dtl__chunk_dot(int64_t A, int64_t B, int p) {
 
 uint64_t dtl__step_volume_total(const dtl_layout *g, dtl__step_kind kind, int m, const dtl_placement *before,
                                 const dtl_placement *after) {
-  if (kind == DTL__STEP_LOCAL_SLICE || kind == DTL__STEP_LOCAL_PARTIAL || kind == DTL__STEP_EXCHANGE) return 0;
+  if (kind == DTL__STEP_LOCAL_SLICE || kind == DTL__STEP_LOCAL_PARTIAL || kind == DTL__STEP_LOCAL_EMBED ||
+      kind == DTL__STEP_EXCHANGE)
+    return 0;
   const dtl_mesh *mesh = g->mesh;
   int i, j, p = mesh->shape[m];
   dtl__step_dims(m, before, after, &i, &j);
@@ -424,7 +427,7 @@ int64_t dtl__exchange_cost_ps(const dtl_cost_model *c, const dtl__xvolume *max, 
 
 int64_t dtl__step_cost_ps(const dtl_cost_model *c, dtl__step_kind kind, int p, const dtl__step_volume *max,
                           bool inter) {
-  bool local = kind == DTL__STEP_LOCAL_SLICE || kind == DTL__STEP_LOCAL_PARTIAL;
+  bool local = kind == DTL__STEP_LOCAL_SLICE || kind == DTL__STEP_LOCAL_PARTIAL || kind == DTL__STEP_LOCAL_EMBED;
   /* A collective pays alpha per ring round plus alpha once for the call itself (entry, launch, the
    * synchronisation of its group). Without that term one all-reduce and a reduce-scatter + all-reduce +
    * all-gather over two mesh dims tie on latency, and the planner would trade a collective for a handful

@@ -20,7 +20,8 @@ typedef enum {
   EX_GATHER,
   EX_REDUCE_SCATTER,
   EX_ALL_TO_ALL,
-  EX_EXCHANGE
+  EX_EXCHANGE,
+  EX_EMBED /* fills the output box with the identity of rop, then copies the input box to its place in it */
 } dtl__ex_op;
 
 /* Places a shard can live in. SRC is read-only; DST and SCR hold a data region at offset 0 and, during a

@@ -28,6 +28,7 @@ const char *dtl__plan_step_name(dtl__step_kind k) {
     case DTL__STEP_LOCAL_SLICE: return "local slice";
     case DTL__STEP_LOCAL_PARTIAL: return "local partial";
     case DTL__STEP_EXCHANGE: return "exchange";
+    case DTL__STEP_LOCAL_EMBED: return "local embed";
   }
   return "?";
 }

@@ -19,6 +19,9 @@ typedef enum {
   DTL__STEP_EXCHANGE,       /* any layout without pending Partials -> the target layout (on any mesh dims, and on
                                another mesh of the same parent): every rank sends exactly the boxes others need
                                (xmap.h) point to point; a Partial target's identity coordinates fill instead */
+  DTL__STEP_LOCAL_EMBED,    /* S(i) -> P(op), no communication: each rank's shard sits at its place in the group's
+                               extent of dim i, the rest the identity of op (sum: 0, prod: 1, max: -inf, min: +inf),
+                               so that reducing the group gives the unsplit values (DTensor's Shard -> Partial) */
 } dtl__step_kind;
 
 /* The longest plan changes each mesh dim a bounded number of times; an exchange is always the last step. */
@@ -72,7 +75,7 @@ struct dtl_plan {
   struct dtl__plan_exec *exec;
 };
 
-/* "all-gather", "all-reduce", "reduce-scatter", "all-to-all", "local slice", "local partial", "exchange"
+/* "all-gather", "all-reduce", "reduce-scatter", "all-to-all", "local slice", "local partial", "exchange", "local embed"
  * (plan.c): the names explain prints, for every message that names a step. */
 const char *dtl__plan_step_name(dtl__step_kind k);
 

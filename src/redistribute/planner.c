@@ -28,6 +28,19 @@ static bool dtl__fill_survives(dtl_reduce_op made, dtl_reduce_op pending) {
   return !(made == DTL_PROD && pending == DTL_SUM);
 }
 
+/* S -> P(made) writes made's identity on every rank around its shard, so an inner pending reduction meets p copies
+ * of it: 0 survives every op, 1 every op but sum, -inf and +inf only max and min. Avg has no identity (the zeros
+ * would count towards its mean), so S -> P(avg) has no step. */
+static bool dtl__embed_survives(dtl_reduce_op made, dtl_reduce_op pending) {
+  switch (made) {
+    case DTL_SUM: return true;
+    case DTL_PROD: return pending != DTL_SUM;
+    case DTL_MAX:
+    case DTL_MIN: return pending == DTL_MAX || pending == DTL_MIN;
+    default: return false;
+  }
+}
+
 /* Whether mesh dim m may go from pl[m] to q in state pl (q differs from pl[m]), and which step that is.
  * Nested sharding splits a tensor dim left to right, so a step may only undo or add the innermost split:
  * leaving S(i) needs no mesh dim after m sharding i, entering S(j) needs none after m sharding j. A
@@ -42,14 +55,18 @@ static bool dtl__step_legal(const dtl_mesh *mesh, const dtl_placement *pl, int m
     if (o.kind == DTL_SHARD && q.kind == DTL_SHARD && o.dim == q.dim) return false;
     if (o.kind == DTL_PARTIAL && a.kind == DTL_PARTIAL && !dtl__ops_commute(a.op, o.op)) return false;
     if (o.kind == DTL_PARTIAL && q.kind == DTL_PARTIAL && !dtl__fill_survives(q.op, o.op)) return false;
+    if (o.kind == DTL_PARTIAL && q.kind == DTL_PARTIAL && a.kind == DTL_SHARD && !dtl__embed_survives(q.op, o.op))
+      return false;
   }
   switch (a.kind) {
     case DTL_REPLICATE:
       *kind = q.kind == DTL_SHARD ? DTL__STEP_LOCAL_SLICE : DTL__STEP_LOCAL_PARTIAL;
       return true;
     case DTL_SHARD:
-      if (q.kind == DTL_PARTIAL) return false;
-      *kind = q.kind == DTL_REPLICATE ? DTL__STEP_ALL_GATHER : DTL__STEP_ALL_TO_ALL;
+      if (q.kind == DTL_PARTIAL && q.op == DTL_AVG) return false;
+      *kind = q.kind == DTL_REPLICATE ? DTL__STEP_ALL_GATHER
+              : q.kind == DTL_PARTIAL ? DTL__STEP_LOCAL_EMBED
+                                      : DTL__STEP_ALL_TO_ALL;
       return true;
     case DTL_PARTIAL:
       if (q.kind == DTL_PARTIAL) return false;
@@ -62,10 +79,11 @@ static bool dtl__step_legal(const dtl_mesh *mesh, const dtl_placement *pl, int m
 /* --- the state space --------------------------------------------------------------------------------- */
 
 /* A state is one code per mesh dim, mixed radix K: 0 = R, 1 + d = S(d), K - 1 = P(op[m]). Every tensor dim
- * may serve as an intermediate shard dim. A mesh dim offers Partial only with the op of its source or
- * target (changing ops is refused before the search); elsewhere Partial never pays: entering it is a
- * local step from R and leaving it a collective, where R -> S is local. Mesh dims of size 1 stay R: their
- * placement never changes which data a rank holds. (The optimality test searches without these limits.) */
+ * may serve as an intermediate shard dim. A mesh dim offers Partial with the op of its source or target
+ * (changing ops is refused before the search), else sum: a shard enters it locally (the embed), which frees an
+ * inner split that blocks a collective on an outer mesh dim, and a reduce-scatter leaves it. Mesh dims of size 1
+ * stay R: their placement never changes which data a rank holds. (The optimality test searches without these
+ * limits.) */
 typedef struct {
   const dtl_layout *geom;
   const dtl_cost_model *cost;
@@ -128,7 +146,8 @@ static void dtl__decode(const dtl__space *s, int idx, dtl_placement *pl) {
 /* --- A* ---------------------------------------------------------------------------------------------- */
 
 /* A lower bound on the cost still to pay from pl: every mesh dim whose placement is S or P and differs
- * from the target must leave it, and only a collective on that dim can (S and P have no local exit),
+ * from the target must leave it, and only a collective on that dim can (S and P have no local exit but S -> P,
+ * which is free of this term where the target is that P; elsewhere leaving the P is a collective again),
  * which costs at least (p-1 rounds + the call) x the alpha of that dim's link class. Steps on different mesh dims are different steps,
  * so the bounds add up; a step changes one term by at most its own cost (both are capped at
  * DTL__STEP_COST_CAP_PS), so the bound is consistent and the first label of the target taken from the
@@ -158,6 +177,7 @@ static int64_t dtl__perdim_bound(const dtl__space *s, const dtl_placement *pl, c
   for (int m = 0; m < s->M; m++) {
     int p = s->geom->mesh->shape[m];
     if (p == 1 || pl[m].kind == DTL_REPLICATE || dtl__code(s, pl[m]) == dtl__code(s, dst[m])) continue;
+    if (pl[m].kind == DTL_SHARD && dst[m].kind == DTL_PARTIAL && dst[m].op != DTL_AVG) continue; /* a local embed */
     /* One picosecond under the floor, so that the step prices (rounded to the nearest picosecond from a
      * slightly different floating-point expression) can never fall below it. */
     bound += dtl__call_floor_ps(s, m);
@@ -450,11 +470,11 @@ static void dtl__placement_text(dtl_placement p, char *buf, size_t cap) {
   if (dtl_placements_format(&p, 1, buf, cap) != DTL_OK) snprintf(buf, cap, "?");
 }
 
-/* Shard -> Partial and Partial(a) -> Partial(b) have no step of their own. Both could be reached through
- * R (an all-gather or an all-reduce, then a local relabeling), but that spends a collective only to throw
- * most of its result away again (sum/prod keep it on one coordinate), so dtl refuses instead of inserting
- * it silently and says what to ask for. Mesh dims of size 1 are exempt: there every placement is the same
- * data. */
+/* Shard -> Partial(avg) and Partial(a) -> Partial(b) have no step of their own (Shard -> Partial of another op is
+ * a local step: the shard in its op's identity). Both could be reached through R (an all-gather or an all-reduce,
+ * then a local relabeling), but that spends a collective only to throw most of its result away again, so dtl
+ * refuses instead of inserting it silently and says what to ask for. Mesh dims of size 1 are exempt: there every
+ * placement is the same data. */
 static dtl_status dtl__check_supported(const char *fn, const dtl_layout *src, const dtl_layout *dst) {
   for (int m = 0; m < src->mesh->ndim; m++) {
     if (src->mesh->shape[m] == 1) continue;
@@ -462,11 +482,11 @@ static dtl_status dtl__check_supported(const char *fn, const dtl_layout *src, co
     char ta[16], tb[16];
     dtl__placement_text(a, ta, sizeof ta);
     dtl__placement_text(b, tb, sizeof tb);
-    if (a.kind == DTL_SHARD && b.kind == DTL_PARTIAL)
+    if (a.kind == DTL_SHARD && b.kind == DTL_PARTIAL && b.op == DTL_AVG)
       return dtl__error_fn(DTL_ERR_UNSUPPORTED, fn,
-                           "mesh dim %d: %s -> %s is unsupported: a Partial is only made from replicated data, so this "
-                           "would all-gather the shard and then discard it on all but one coordinate; ask for R on "
-                           "mesh dim %d (or redistribute to R first, then to %s)",
+                           "mesh dim %d: %s -> %s is unsupported: a shard becomes a Partial by filling the rest of the "
+                           "group's extent with the op's identity, and avg has none (the fill would count towards the "
+                           "mean); ask for P(sum) or R on mesh dim %d (or redistribute to R first, then to %s)",
                            m, ta, tb, m, tb);
     if (a.kind == DTL_PARTIAL && b.kind == DTL_PARTIAL && a.op != b.op)
       return dtl__error_fn(DTL_ERR_UNSUPPORTED, fn,
@@ -675,8 +695,10 @@ dtl_status dtl__plan_create(const char *fn, const dtl_layout *src, const dtl_lay
   dtl__space s = {.geom = src, .cost = &cost, .M = mesh->ndim, .nd = src->ndim, .K = src->ndim + 2, .nstates = 1};
   for (int m = 0; m < s.M; m++) {
     dtl_placement a = src->placements[m], b = cross ? dtl_replicate() : dst->placements[m];
-    s.has_p[m] = a.kind == DTL_PARTIAL || b.kind == DTL_PARTIAL;
-    s.op[m] = a.kind == DTL_PARTIAL ? a.op : b.op;
+    /* Partial with the op of the source or the target there, else sum: from a shard it is a local embed, which can
+     * undo an inner split that a collective could not reach yet (the reduce-scatter out of it redistributes). */
+    s.has_p[m] = true;
+    s.op[m] = a.kind == DTL_PARTIAL ? a.op : b.kind == DTL_PARTIAL ? b.op : DTL_SUM;
     s.nstates *= s.K;
     s.of[m][0] = dtl_replicate();
     for (int d = 0; d < s.nd; d++) s.of[m][1 + d] = dtl_shard(d);

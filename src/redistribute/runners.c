@@ -222,6 +222,14 @@ dtl_status dtl__ex_run_step(const dtl__ex_ctx *x, const dtl__ex_step *e, dtl_com
       dtl__box_copy b = dtl__ex_box(x->nd, x->es, e->out_shape, e->in_shape, rel, e->out_shape, NULL);
       return dtl__mem_copy_box(&c->mem, in, out, &b);
     }
+    case EX_EMBED: {
+      int64_t rel[DTL_MAX_TENSOR_DIMS];
+      for (int d = 0; d < x->nd; d++) rel[d] = e->in_off[d] - e->out_off[d];
+      DTL_TRY(dtl__mem_fill_identity(&c->mem, out, e->b, x->t, e->rop));
+      if (e->a == 0) return DTL_OK;
+      dtl__box_copy b = dtl__ex_box(x->nd, x->es, e->in_shape, e->in_shape, NULL, e->out_shape, rel);
+      return dtl__mem_copy_box(&c->mem, in, out, &b);
+    }
     case EX_ALL_REDUCE: return e->a ? c->ops->all_reduce(c, in, out, e->a, x->t, e->rop) : DTL_OK;
     case EX_GATHER: return dtl__run_gather(x, e, c, in, out, tmp);
     case EX_REDUCE_SCATTER: return dtl__run_reduce_scatter(x, e, c, in, out, tmp);

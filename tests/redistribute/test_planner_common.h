@@ -75,10 +75,11 @@ static inline bool tp_kind(dtl_placement a, dtl_placement b, dtl__step_kind *k) 
   static const int table[3][3] = {
       /* to:        R                      S                         P */
       /* R */ {-1, DTL__STEP_LOCAL_SLICE, DTL__STEP_LOCAL_PARTIAL},
-      /* S */ {DTL__STEP_ALL_GATHER, DTL__STEP_ALL_TO_ALL, -1},
+      /* S */ {DTL__STEP_ALL_GATHER, DTL__STEP_ALL_TO_ALL, DTL__STEP_LOCAL_EMBED},
       /* P */ {DTL__STEP_ALL_REDUCE, DTL__STEP_REDUCE_SCATTER, -1},
   };
   if (tp_same(a, b)) return false;
+  if (a.kind == DTL_SHARD && b.kind == DTL_PARTIAL && b.op == DTL_AVG) return false; /* avg has no identity to embed in */
   int v = table[a.kind][b.kind];
   if (v < 0) return false;
   *k = (dtl__step_kind)v;
@@ -102,6 +103,14 @@ static inline bool tp_legal(const dtl_mesh *m, const dtl_placement *pl, int md, 
     if (pl[md].kind == DTL_PARTIAL && !tp_reorderable(pl[md].op, pl[o].op)) return false;
     /* R -> P(prod) leaves 1s on the non-zero coordinates; a pending inner sum would add them up. */
     if (b.kind == DTL_PARTIAL && b.op == DTL_PROD && pl[o].op == DTL_SUM) return false;
+    /* S -> P(op) surrounds the shard with op's identity on every coordinate: an inner pending reduction must give
+     * that identity back (0 always; 1 unless summed; -inf/+inf only under max or min). */
+    if (pl[md].kind == DTL_SHARD && b.kind == DTL_PARTIAL) {
+      dtl_reduce_op o2 = pl[o].op;
+      bool keeps = b.op == DTL_SUM || (b.op == DTL_PROD && o2 != DTL_SUM) ||
+                   ((b.op == DTL_MAX || b.op == DTL_MIN) && (o2 == DTL_MAX || o2 == DTL_MIN));
+      if (!keeps) return false;
+    }
   }
   return true;
 }

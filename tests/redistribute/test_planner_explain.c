@@ -160,6 +160,7 @@ static void per_rank_bytes_follow_the_boxes_and_the_charge_is_the_largest(void *
             case DTL__STEP_ALL_REDUCE: assert_int_equal(v.send, (uint64_t)(before / 8 * 2 * (p - 1) / p) * 8); break;
             case DTL__STEP_LOCAL_SLICE:
             case DTL__STEP_LOCAL_PARTIAL:
+            case DTL__STEP_LOCAL_EMBED:
               assert_int_equal(v.send + v.recv, 0);
               /* A slice that keeps the rank's whole box copies nothing (the executor leaves it in place). */
               assert_int_equal(v.charged, k == DTL__STEP_LOCAL_SLICE && after == before ? 0 : after);

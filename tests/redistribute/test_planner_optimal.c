@@ -30,7 +30,7 @@ static bool tp_refused(const dtl_layout *src, const dtl_layout *dst) {
   for (int md = 0; md < src->mesh->ndim; md++) {
     dtl_placement a = src->placements[md], b = dst->placements[md];
     if (src->mesh->shape[md] == 1) continue;
-    if (a.kind == DTL_SHARD && b.kind == DTL_PARTIAL) return true;
+    if (a.kind == DTL_SHARD && b.kind == DTL_PARTIAL && b.op == DTL_AVG) return true;
     if (a.kind == DTL_PARTIAL && b.kind == DTL_PARTIAL && a.op != b.op) return true;
   }
   return false;

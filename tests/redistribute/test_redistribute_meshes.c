@@ -39,13 +39,14 @@ static void placements(tu_rng *r, const dtl_mesh *m, int nd, dtl_dtype t, dtl_pl
     if (out[md].kind == DTL_PARTIAL && t == DTL_UINT8) out[md] = dtl_replicate();
 }
 
-/* The one-mesh rule: S -> P and P(a) -> P(b) on a mesh dim have no route (between meshes every pair has one). */
+/* The one-mesh rule: S -> P(avg) and P(a) -> P(b) on a mesh dim have no route (between meshes every pair has one). */
 static bool refused(const dtl_layout *a, const dtl_layout *b) {
   if (a->mesh != b->mesh) return false;
   for (int md = 0; md < a->mesh->ndim; md++) {
     if (a->mesh->shape[md] == 1) continue;
     dtl_placement p = a->placements[md], q = b->placements[md];
-    if (q.kind == DTL_PARTIAL && (p.kind == DTL_SHARD || (p.kind == DTL_PARTIAL && p.op != q.op))) return true;
+    if (q.kind == DTL_PARTIAL && ((p.kind == DTL_SHARD && q.op == DTL_AVG) || (p.kind == DTL_PARTIAL && p.op != q.op)))
+      return true;
   }
   return false;
 }

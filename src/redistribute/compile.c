@@ -296,6 +296,28 @@ static dtl__xmsg dtl__xmsg_of(int peer, bool run, int same, size_t count, size_t
   return m;
 }
 
+/* Whether some round of plan p packs piece (s, o) of a box (bs, bo): it is no run of the box within the round.
+ * Only the first and last rounds of the piece clip it to fewer rows; the ones between take xrows rows alike. */
+static bool dtl__packed_in_rounds(const dtl_plan *p, int nd, const int64_t *bs, const int64_t *bo, const int64_t *s,
+                                  const int64_t *o) {
+  size_t at;
+  if (p->xrounds <= 1) return !dtl__run_offset(nd, bs, bo, s, o, &at);
+  int d = p->xdim;
+  int64_t lo = o[d], hi = o[d] + s[d], cs[DTL_MAX_TENSOR_DIMS], co[DTL_MAX_TENSOR_DIMS];
+  if (hi <= lo) return false;
+  int64_t r_lo = lo / p->xrows, r_hi = (hi - 1) / p->xrows;
+  int64_t rounds[3] = {r_lo, r_lo + 1 < r_hi ? r_lo + 1 : r_lo, r_hi};
+  for (int k = 0; k < 3; k++) {
+    memcpy(cs, s, sizeof(int64_t) * (size_t)nd);
+    memcpy(co, o, sizeof(int64_t) * (size_t)nd);
+    int64_t a = rounds[k] * p->xrows, b = a + p->xrows;
+    co[d] = lo > a ? lo : a;
+    cs[d] = (hi < b ? hi : b) - co[d];
+    if (!dtl__run_offset(nd, bs, bo, cs, co, &at)) return true;
+  }
+  return false;
+}
+
 /* The messages of exchange step e for rank v (xm set to the step's source placements): counts into x, and, when
  * x->send / x->recv are allocated, the messages themselves. A message's peer is a rank of the exchange's
  * communicator: the mesh rank on one mesh, the parent rank between two. */
@@ -304,7 +326,7 @@ static void dtl__exchange_messages(const dtl_plan *p, const dtl__xmap *xm, const
   int nd = p->src.ndim;
   bool cross = p->src.mesh != p->dst.mesh, keep = x->send != NULL;
   int ns = 0, nr = 0;
-  x->spack = x->rpack = x->rall = 0;
+  x->spack = x->rpack = x->rall = x->spack_r = x->rpack_r = 0;
   x->self = false;
   x->fill = v->d >= 0 && dtl__xmap_fills(xm, v->d, &x->fill_op);
   int64_t ts[DTL_MAX_TENSOR_DIMS], to[DTL_MAX_TENSOR_DIMS], is[DTL_MAX_TENSOR_DIMS], io[DTL_MAX_TENSOR_DIMS];
@@ -320,6 +342,7 @@ static void dtl__exchange_messages(const dtl_plan *p, const dtl__xmap *xm, const
       int rep = dtl__xmap_box_rep(xm, t), same = xm->tmark[rep];
       if (same < 0) xm->tmark[rep] = ns;
       if (!run && same < 0) x->spack += n;
+      if (same < 0 && !run && dtl__packed_in_rounds(p, nd, e->in_shape, e->in_off, is, io)) x->spack_r += n;
       if (keep) x->send[ns] = dtl__xmsg_of(cross ? dtl__mesh_parent_rank(p->dst.mesh, t) : t, run, same, n, at, is, io);
       ns++;
     }
@@ -340,6 +363,7 @@ static void dtl__exchange_messages(const dtl_plan *p, const dtl__xmap *xm, const
       bool run = dtl__run_offset(nd, e->out_shape, e->out_off, is, io, &at);
       x->rall += n;
       if (!run) x->rpack += n;
+      if (!run && dtl__packed_in_rounds(p, nd, e->out_shape, e->out_off, is, io)) x->rpack_r += n;
       if (keep) x->recv[nr] = dtl__xmsg_of(cross ? dtl__mesh_parent_rank(p->src.mesh, h) : h, run, -1, n, at, is, io);
       nr++;
     }
@@ -363,10 +387,10 @@ static bool dtl__exchange_temp(const dtl_plan *p, dtl__ex_step *e, int mode) {
   if (mode != DTL__X_APART && (p->xrounds > 1 || x->spack == 0 || x->rall == 0)) return false;
   if (mode == DTL__X_SEND_IN_OUT && x->spack > e->b) return false;
   size_t ts = x->spack, tr = x->rpack;
-  if (p->xrounds > 1) {
+  if (p->xrounds > 1) { /* only what some round packs, and no more than a round's rows of the box */
     size_t rs = dtl__round_part(p, e->in_shape, e->a), rr = dtl__round_part(p, e->out_shape, e->b);
-    ts = ts < rs ? ts : rs;
-    tr = tr < rr ? tr : rr;
+    ts = x->spack_r < rs ? x->spack_r : rs;
+    tr = x->rpack_r < rr ? x->rpack_r : rr;
   }
   x->mode = mode;
   x->tsend = mode == DTL__X_APART ? ts : 0;

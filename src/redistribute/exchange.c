@@ -40,7 +40,7 @@ static bool dtl__xsend_buf(const dtl__ex_ctx *c_, const dtl__ex_step *e, int i, 
     x->bufs_s[(*ns)++] = x->bufs_s[x->spos[m->same]];
     return false;
   }
-  if (m->run && dtl__run_offset(c_->nd, e->in_shape, e->in_off, s, o, &at)) {
+  if (dtl__run_offset(c_->nd, e->in_shape, e->in_off, s, o, &at)) { /* a run of the input in this round */
     x->bufs_s[(*ns)++] = dtl__at((void *)(uintptr_t)in, at, c_->es);
     return false;
   }
@@ -69,7 +69,7 @@ static void dtl__xrecv_bufs(const dtl__ex_ctx *c_, const dtl__ex_step *e, int64_
     const dtl__xmsg *m = &x->recv[i];
     if (!dtl__xclip(x, nd, m, r0, s, o)) continue;
     size_t n = dtl__box_count(nd, s);
-    if (x->mode == DTL__X_APART && m->run && dtl__run_offset(nd, e->out_shape, e->out_off, s, o, &at)) {
+    if (x->mode == DTL__X_APART && dtl__run_offset(nd, e->out_shape, e->out_off, s, o, &at)) {
       x->bufs_r[*nr] = dtl__at(out, at, c_->es);
     } else {
       x->bufs_r[*nr] = dtl__at(rreg, roff, c_->es);
@@ -115,7 +115,10 @@ static bool dtl__xround_pipelined(const dtl__ex_ctx *c_, const dtl__ex_step *e, 
   if (x->mode != DTL__X_APART || x->spack == 0 || c->mem.ops->memory != DTL_MEMORY_HOST) return false;
   int64_t s[DTL_MAX_TENSOR_DIMS], o[DTL_MAX_TENSOR_DIMS];
   int npack = 0;
-  for (int i = 0; i < x->nsend; i++) npack += x->send[i].same < 0 && !x->send[i].run && dtl__xclip(x, c_->nd, &x->send[i], r0, s, o);
+  size_t at = 0;
+  for (int i = 0; i < x->nsend; i++)
+    npack += x->send[i].same < 0 && dtl__xclip(x, c_->nd, &x->send[i], r0, s, o) &&
+             !dtl__run_offset(c_->nd, e->in_shape, e->in_off, s, o, &at);
   if (npack == 0 || npack > DTL__XPIPE) return false;
   char *sreg, *rreg;
   dtl__xregions(x, c_->es, out, tmp, &sreg, &rreg);
@@ -126,8 +129,10 @@ static bool dtl__xround_pipelined(const dtl__ex_ctx *c_, const dtl__ex_step *e, 
     for (int i = 0; i < x->nsend; i++) {
       const dtl__xmsg *m = &x->send[i];
       if (pass == 0) x->spos[i] = -1;
-      bool packed = !m->run && (m->same < 0 || !x->send[m->same].run);
-      if (packed != (pass == 1) || !dtl__xclip(x, c_->nd, m, r0, s, o)) continue;
+      if (!dtl__xclip(x, c_->nd, m, r0, s, o)) continue;
+      /* A copy of another send is packed when that one is (same box, so the same run-ness in this round). */
+      bool packed = !dtl__run_offset(c_->nd, e->in_shape, e->in_off, s, o, &at);
+      if (packed != (pass == 1)) continue;
       dtl__xsend_buf(c_, e, i, s, o, in, sreg, &soff, &ns);
     }
     if (pass == 0) first = ns;
@@ -144,7 +149,7 @@ static bool dtl__xround_pipelined(const dtl__ex_ctx *c_, const dtl__ex_step *e, 
     if (x->send[i].same < 0) {
       dtl__xclip(x, c_->nd, &x->send[i], r0, s, o);
       *st = dtl__xpack(c_, e, c, s, o, in, x->bufs_s[j]);
-    }
+    } /* a copy of a send packed in this round shares its buffer, packed above (it comes earlier in the list) */
     if (*st == DTL_OK) *st = c->ops->exchange(c, 1, &x->peers_s[j], &x->bufs_s[j], &x->cnt_s[j], 0, NULL, NULL, NULL,
                                               c_->t, &req[nreq]);
     if (*st == DTL_OK && req[nreq]) nreq++;
@@ -175,7 +180,7 @@ static dtl_status dtl__xround_finish(const dtl__ex_ctx *c_, const dtl__ex_step *
     const dtl__xmsg *m = &x->recv[i];
     if (!dtl__xclip(x, nd, m, r0, s, o)) continue;
     size_t n = dtl__box_count(nd, s), at = 0;
-    if (x->mode == DTL__X_APART && m->run && dtl__run_offset(nd, e->out_shape, e->out_off, s, o, &at)) continue;
+    if (x->mode == DTL__X_APART && dtl__run_offset(nd, e->out_shape, e->out_off, s, o, &at)) continue;
     for (int d = 0; d < nd; d++) rel[d] = o[d] - e->out_off[d];
     dtl__box_copy b = dtl__ex_box(nd, es, s, s, NULL, e->out_shape, rel);
     DTL_TRY(dtl__mem_copy_box(&c->mem, dtl__at(rreg, roff, es), out, &b));

@@ -66,6 +66,9 @@ typedef struct {
   dtl_reduce_op fill_op;
   size_t spack, rpack, rall; /* elements: of distinct sends that are packed, of receives that are unpacked, of all
                                 receives */
+  /* In rounds (xrounds > 1) a piece that is no run of its box may still be one within each round (its rows of the
+   * round dim one at a time): the elements of distinct sends and of receives that some round packs. */
+  size_t spack_r, rpack_r;
   int mode;
   size_t tsend;              /* elements of the send region (APART) */
   bool cross;                /* runs on the parent of two meshes, else on the mesh communicator */

@@ -89,10 +89,14 @@ DTL_API dtl_status dtl_cost_model_save(const char *path, const dtl_mesh *mesh, c
  * Memory: a plan's scratch (dtl_plan_scratch_bytes) is at most the larger of this rank's local source and target
  * bytes, on every rank: when the cheapest route would need more on some rank (a route through an intermediate
  * larger than both ends), the plan is the same route with smaller pack chunks, or else the cheapest route of
- * reductions and one exchange, its exchange split into as few rounds as fit. Checked for every rank from the global
- * shapes, so every rank derives the same plan. One exception, with pending Partials only: where a reduce-scatter
- * must split a dim of small extent unevenly, the reduced shard plus one round of the exchange can exceed the bound
- * (by at most the bound again; README, Memory).
+ * reductions and one exchange, its exchange split into as few rounds as fit (a piece that is a run of its box
+ * within a round moves in place). Checked for every rank from the global shapes (on large meshes through
+ * representative coordinates), so every rank derives the same plan. It holds by construction: the last resort
+ * all-reduces the pending Partials (the reduced shard is the source's box) and exchanges one row at a time (one
+ * index of every tensor dim but the last), where every piece is a run and nothing is packed; that plan can be far
+ * dearer, and explain then says what the bound cost and which dtl_plan_create_with_limit limit lifts it. One
+ * exception: on one mesh of more than 1024 ranks the planner prices no exchange, and a route of per-dim steps
+ * through an intermediate larger than both ends can exceed the bound.
  * Pure and deterministic: no communication, and every rank derives the same steps (ties in cost go to fewer bytes
  * sent over all ranks together, since the model prices only the busiest rank; then to fewer steps, then to a fixed
  * order). The per-rank byte figures of explain are those of this rank's coordinate. */

@@ -302,6 +302,7 @@ static bool dtl__packed_in_rounds(const dtl_plan *p, int nd, const int64_t *bs, 
                                   const int64_t *o) {
   size_t at;
   if (p->xrounds <= 1) return !dtl__run_offset(nd, bs, bo, s, o, &at);
+  if (p->xfine) return false; /* one index of every dim but the last: a run of any box */
   int d = p->xdim;
   int64_t lo = o[d], hi = o[d] + s[d], cs[DTL_MAX_TENSOR_DIMS], co[DTL_MAX_TENSOR_DIMS];
   if (hi <= lo) return false;
@@ -375,6 +376,7 @@ static void dtl__exchange_messages(const dtl_plan *p, const dtl__xmap *xm, const
 /* Rows of the plan's round dim that a box of extent ext there takes in one round, at most. */
 static size_t dtl__round_part(const dtl_plan *p, const int64_t *shape, size_t count) {
   if (p->xrounds <= 1 || count == 0) return count;
+  if (p->xfine) return (size_t)shape[p->src.ndim - 1];
   int64_t ext = shape[p->xdim], rows = ext < p->xrows ? ext : p->xrows;
   return count / (size_t)ext * (size_t)rows;
 }
@@ -864,6 +866,8 @@ dtl_status dtl__plan_compile(const char *fn, dtl_plan *p) {
     xp->xdim = p->xdim;
     xp->xrows = p->xrows;
     xp->xrounds = p->xrounds;
+    xp->xfine = p->xfine;
+    memcpy(xp->xshape, p->src.shape, sizeof(int64_t) * (size_t)p->src.ndim);
     dtl__xmap_free(&xm);
   }
   for (int k = 0; k < n; k++) {

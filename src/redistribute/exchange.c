@@ -13,6 +13,16 @@ static bool dtl__xclip(const dtl__xstep *x, int nd, const dtl__xmsg *m, int64_t 
   memcpy(s, m->shape, sizeof(int64_t) * (size_t)nd);
   memcpy(o, m->off, sizeof(int64_t) * (size_t)nd);
   if (x->xrounds <= 1) return true;
+  if (x->xfine) { /* round r0 is one index of every dim but the last, row-major */
+    for (int d = nd - 2, r = (int)r0; d >= 0; d--) {
+      int64_t i = r % x->xshape[d];
+      r /= (int)x->xshape[d];
+      if (i < o[d] || i >= o[d] + s[d]) return false;
+      o[d] = i;
+      s[d] = 1;
+    }
+    return s[nd - 1] > 0;
+  }
   int d = x->xdim;
   int64_t lo = o[d] > r0 ? o[d] : r0, hi = o[d] + s[d] < r0 + x->xrows ? o[d] + s[d] : r0 + x->xrows;
   o[d] = lo;

@@ -74,6 +74,8 @@ typedef struct {
   bool cross;                /* runs on the parent of two meshes, else on the mesh communicator */
   int xdim, xrounds;         /* rounds of xrows indices of tensor dim xdim (the plan's) */
   int64_t xrows;
+  bool xfine;                             /* the plan's: round r is one index of every dim but the last */
+  int64_t xshape[DTL_MAX_TENSOR_DIMS];    /* the global shape, whose leading dims fine rounds count over */
   /* The transport's lists of one round, sized for every message. */
   int *peers_s, *peers_r, *spos; /* spos: each send's place in the round's list (-1: not in this round) */
   const void **bufs_s;

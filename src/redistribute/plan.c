@@ -171,11 +171,13 @@ static size_t dtl__explain_render(const dtl_plan *p, char *b) {
     dtl__time_text(p->total_cost_s - p->unbounded_cost_s, more, sizeof more);
     dtl__bytes_text(p->unbounded_scratch, need, sizeof need);
     int extra = nc - p->unbounded_collectives;
+    char calls[32] = "";
+    if (extra > 0) snprintf(calls, sizeof calls, "%d collective%s and ", extra, extra == 1 ? "" : "s");
     dtl__say(b, &o, "scratch bound  the cheapest route (%d collective%s, est %s) needs %s of scratch on some rank, more "
-             "than the larger of its local source and target: this plan costs %d collective%s and %s more; "
+             "than the larger of its local source and target: this plan costs %s%s more; "
              "dtl_plan_create_with_limit(src, dst, %zu) returns that route\n",
-             p->unbounded_collectives, p->unbounded_collectives == 1 ? "" : "s", ub, need, extra > 0 ? extra : 0,
-             extra == 1 ? "" : "s", more, p->unbounded_scratch);
+             p->unbounded_collectives, p->unbounded_collectives == 1 ? "" : "s", ub, need, calls, more,
+             p->unbounded_scratch);
   }
   return o < DTL__EXPLAIN_MAX ? o : DTL__EXPLAIN_MAX - 1;
 }

@@ -56,6 +56,10 @@ struct dtl_plan {
    * scratch limit; 1 round (xrows = the dim's extent) moves everything at once. */
   int xrounds, xdim;
   int64_t xrows;
+  /* Rounds of single rows instead (the bound's last resort): a round is one index of every tensor dim but the last
+   * (row-major), so that every piece of a round is a run of its box and nothing is packed (xrows 1, xrounds the
+   * product of those extents). */
+  bool xfine;
   /* The scratch budget the plan was made for: bytes on every rank, or SIZE_MAX for each rank's larger local end;
    * and, to meet it, the bytes of one chunk of the pack or unpack pass of a gather or reduce-scatter, on any memory
    * (0: the executor's own chunking, host memory only). */

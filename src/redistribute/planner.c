@@ -537,8 +537,8 @@ static int dtl__rounds_of(int64_t ext, int64_t rows) {
 
 /* The plan of route path[0..len) (its last step the exchange when via), with the exchange in rounds of xrows. */
 static dtl_status dtl__plan_build(const char *fn, const dtl__space *s, const dtl_layout *src, const dtl_layout *dst,
-                                  const int *path, int len, bool via, int64_t xrows, size_t limit, size_t chunk,
-                                  dtl_plan **out) {
+                                  const int *path, int len, bool via, int64_t xrows, bool fine, size_t limit,
+                                  size_t chunk, dtl_plan **out) {
   const dtl_mesh *mesh = src->mesh;
   dtl_plan *p = dtl__calloc(1, sizeof *p);
   if (!p) return dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory");
@@ -552,6 +552,11 @@ static dtl_status dtl__plan_build(const char *fn, const dtl__space *s, const dtl
     if (src->shape[d] > 1) p->xdim = d;
   p->xrows = p->xdim < 0 ? 1 : xrows < src->shape[p->xdim] ? xrows : src->shape[p->xdim];
   p->xrounds = p->xdim < 0 ? 1 : dtl__rounds_of(src->shape[p->xdim], p->xrows);
+  if (fine) { /* the caller checked that the count of fine rounds fits an int */
+    p->xfine = true;
+    p->xrows = 1;
+    p->xrounds = s->rounds;
+  }
   int64_t total_ps = 0;
   /* The search kept size-1 mesh dims at R; the step vectors carry the target's placement there (on another mesh:
    * the source's), so the last step ends exactly at dst. Boxes do not change: a split in 1 is the whole dim. */
@@ -609,11 +614,11 @@ static dtl_status dtl__plan_build(const char *fn, const dtl__space *s, const dtl
 
 /* The cheapest route of s from src to its goal, as a plan with the exchange (if any) in rounds of xrows. */
 static dtl_status dtl__plan_route(const char *fn, const dtl__space *s, const dtl_layout *src, const dtl_layout *dst,
-                                  int64_t xrows, size_t limit, size_t chunk, dtl_plan **out) {
+                                  int64_t xrows, bool fine, size_t limit, size_t chunk, dtl_plan **out) {
   int path[DTL__MAX_PLAN_STEPS + 1], len = 0;
   bool via = false;
   DTL_TRY(dtl__search(fn, s, dtl__encode(s, src->placements), s->goal, path, &len, &via));
-  return dtl__plan_build(fn, s, src, dst, path, len, via, xrows, limit, chunk, out);
+  return dtl__plan_build(fn, s, src, dst, path, len, via, xrows, fine, limit, chunk, out);
 }
 
 /* The bounded family: reductions and one exchange (s set up for it), with pack passes in chunks of `chunk` bytes,
@@ -631,7 +636,7 @@ static dtl_status dtl__plan_bounded(const char *fn, dtl__space *s, const dtl_lay
     dtl_plan_destroy(q);
     q = NULL;
     s->rounds = dtl__rounds_of(ext, rows);
-    st = dtl__plan_route(fn, s, src, dst, rows, limit, chunk, &q);
+    st = dtl__plan_route(fn, s, src, dst, rows, false, limit, chunk, &q);
     if (st == DTL_OK) st = dtl__plan_fits(fn, q, limit, fits, worst);
     if (st != DTL_OK || *fits || rows <= 1 || dtl__rounds_of(ext, (rows + 1) / 2) == INT_MAX ||
         q->steps[q->nsteps - 1].kind != DTL__STEP_EXCHANGE) {
@@ -646,7 +651,7 @@ static dtl_status dtl__plan_bounded(const char *fn, dtl__space *s, const dtl_lay
     bool rfits = false;
     size_t rworst = 0;
     s->rounds = dtl__rounds_of(ext, rows);
-    st = dtl__plan_route(fn, s, src, dst, rows, limit, chunk, &r);
+    st = dtl__plan_route(fn, s, src, dst, rows, false, limit, chunk, &r);
     if (st == DTL_OK) st = dtl__plan_fits(fn, r, limit, &rfits, &rworst);
     if (st == DTL_OK && rfits) {
       dtl_plan_destroy(q);
@@ -728,7 +733,7 @@ dtl_status dtl__plan_create(const char *fn, const dtl_layout *src, const dtl_lay
   int path[DTL__MAX_PLAN_STEPS + 1], len = 0;
   bool via = false;
   dtl_status st = dtl__search(fn, &s, dtl__encode(&s, src->placements), s.goal, path, &len, &via);
-  if (st == DTL_OK) st = dtl__plan_build(fn, &s, src, dst, path, len, via, INT64_MAX, limit, 0, &p);
+  if (st == DTL_OK) st = dtl__plan_build(fn, &s, src, dst, path, len, via, INT64_MAX, false, limit, 0, &p);
   /* A plan of at most one step fits the default bound by construction (an exchange's modes, a collective's one
    * pack or receive region, a local copy: compile.c), except a chunked all-to-all on very uneven shards; other plans,
    * and every plan under a limit, are checked on every rank. */
@@ -745,7 +750,7 @@ dtl_status dtl__plan_create(const char *fn, const dtl_layout *src, const dtl_lay
   for (size_t chunk = (size_t)1 << 20; st == DTL_OK && !fits && chunk >= 1; chunk /= 2) {
     bool qfits = false;
     size_t qworst = 0;
-    st = dtl__plan_build(fn, &s, src, dst, path, len, via, INT64_MAX, limit, chunk, &q);
+    st = dtl__plan_build(fn, &s, src, dst, path, len, via, INT64_MAX, false, limit, chunk, &q);
     if (st == DTL_OK) st = dtl__plan_fits(fn, q, limit, &qfits, &qworst);
     dtl__keep(&p, &fits, &worst, st == DTL_OK && qfits, q, qfits, qworst);
     q = NULL;
@@ -761,6 +766,27 @@ dtl_status dtl__plan_create(const char *fn, const dtl_layout *src, const dtl_lay
     s.reduce_whole = tier == 2;
     st = dtl__plan_bounded(fn, &s, src, dst, limit, tier >= 1 ? 1 : 0, &q, &qfits, &qworst);
     dtl__keep(&p, &fits, &worst, st == DTL_OK && (qfits || qworst < worst), q, qfits, qworst);
+    q = NULL;
+  }
+  /* The last resort: all-reduces, then the exchange one row at a time (one index of every dim but the last), where
+   * every piece is a run, so nothing is packed: the reduced shard (the source's box) and the target are all it needs,
+   * which fits the default bound by construction. Priced like any plan: alpha per round. */
+  uint64_t fine_rounds = 1;
+  for (int d = 0; d + 1 < src->ndim && fine_rounds <= INT_MAX; d++) fine_rounds *= (uint64_t)src->shape[d];
+  if (st == DTL_OK && !fits && s.xm && src->ndim >= 3 && fine_rounds > 1 && fine_rounds <= INT_MAX) {
+    bool qfits = false;
+    size_t qworst = 0;
+    s.reduce_only = s.reduce_whole = true;
+    s.scatter_first = false;
+    s.rounds = (int)fine_rounds;
+    st = dtl__plan_route(fn, &s, src, dst, 1, true, limit, 1, &q);
+    if (st == DTL_OK && q->steps[q->nsteps - 1].kind != DTL__STEP_EXCHANGE) {
+      dtl_plan_destroy(q); /* no exchange: the rounds change nothing */
+      q = NULL;
+    } else if (st == DTL_OK) {
+      st = dtl__plan_fits(fn, q, limit, &qfits, &qworst);
+    }
+    dtl__keep(&p, &fits, &worst, st == DTL_OK && q && (qfits || qworst < worst), q, qfits, qworst);
     q = NULL;
   }
   if (st == DTL_OK && !fits && limit != SIZE_MAX)

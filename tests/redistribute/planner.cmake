@@ -5,6 +5,7 @@ dtl_unit_test(test_planner_dtensor SOURCES test_planner_dtensor.c)
 dtl_unit_test(test_planner_errors SOURCES test_planner_errors.c)
 dtl_unit_test(test_planner_explain SOURCES test_planner_explain.c)
 dtl_unit_test(test_planner_limits SOURCES test_planner_limits.c)
+dtl_unit_test(test_planner_scratch SOURCES test_planner_scratch.c)
 
 # The `dtl` tool: each case runs it through sh, appends "exit=<status>" to its output, and matches the
 # whole output, so the regular expression checks the text and the exit status together (0 done, 1 the

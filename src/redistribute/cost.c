@@ -329,7 +329,7 @@ static unsigned __int128 dtl__chunk_dot(int64_t A, int64_t B, int p) {
     int64_t hi = p;
     for (int q = 0; q < 6; q++)
       if (cut[q] > lo && cut[q] < hi) hi = cut[q];
-    sum += (unsigned __int128)(uint64_t)(dtl__split_size(&sa, lo) * dtl__split_size(&sb, lo)) * (uint64_t)(hi - lo);
+    sum += (unsigned __int128)(uint64_t)dtl__split_size(&sa, lo) * (uint64_t)dtl__split_size(&sb, lo) * (uint64_t)(hi - lo);
     lo = hi;
   }
   return sum;

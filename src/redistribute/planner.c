@@ -772,7 +772,8 @@ dtl_status dtl__plan_create(const char *fn, const dtl_layout *src, const dtl_lay
    * every piece is a run, so nothing is packed: the reduced shard (the source's box) and the target are all it needs,
    * which fits the default bound by construction. Priced like any plan: alpha per round. */
   uint64_t fine_rounds = 1;
-  for (int d = 0; d + 1 < src->ndim && fine_rounds <= INT_MAX; d++) fine_rounds *= (uint64_t)src->shape[d];
+  for (int d = 0; d + 1 < src->ndim && fine_rounds <= INT_MAX; d++) /* both factors <= INT_MAX: no overflow */
+    fine_rounds = src->shape[d] > INT_MAX ? (uint64_t)INT_MAX + 1 : fine_rounds * (uint64_t)src->shape[d];
   if (st == DTL_OK && !fits && s.xm && src->ndim >= 3 && fine_rounds > 1 && fine_rounds <= INT_MAX) {
     bool qfits = false;
     size_t qworst = 0;

@@ -15,7 +15,8 @@ extern "C" {
 typedef struct dtl_plan dtl_plan;
 
 /* Cost model: a collective on p ranks costs (ring rounds + 1) * alpha_s (the 1 is the call itself) plus
- * bytes per rank * beta_s_per_byte; purely local steps cost bytes touched * local_beta_s_per_byte. Ring
+ * bytes per rank * beta_s_per_byte; purely local steps cost bytes touched * local_beta_s_per_byte (a slice that
+ * keeps a rank's whole box touches none). Ring
  * rounds and bytes: all-gather p-1, the bytes received; all-reduce 2(p-1), 2(p-1)/p of the shard;
  * reduce-scatter p-1, the shard less the block kept; all-to-all p-1, the larger of the bytes sent and
  * received. Bytes are the maximum over all ranks of the mesh, from the global shape (uneven shards
@@ -63,12 +64,15 @@ DTL_API dtl_status dtl_cost_model_calibrate(const dtl_mesh *mesh, dtl_cost_model
 DTL_API dtl_status dtl_cost_model_save(const char *path, const dtl_mesh *mesh, const dtl_cost_model *model);
 
 /* Finds the cheapest sequence of steps. Each per-dim step changes one mesh dim: S(i)->R all-gather, P->R
- * all-reduce, P->S(i) reduce-scatter, S(i)->S(j) all-to-all, R->S(i) local slice, R->P local. The exchange step
+ * all-reduce, P->S(i) reduce-scatter, S(i)->S(j) all-to-all, R->S(i) local slice, R->P local, S(i)->P(op) local
+ * embed (each rank's shard at its place in the group's extent of i, the rest op's identity: reducing the group
+ * gives the unsplit values, as DTensor's Shard -> Partial; sum, prod, max, min). The exchange step
  * goes from a layout without pending Partials straight to the target in one step on any number of mesh dims: each
  * rank intersects its box with every target box and sends exactly those pieces point to point (a rank whose data
  * does not change owner moves nothing; a replicated source spreads its sends over its replicas; a Partial target's
  * identity coordinates just fill). It is priced at alpha per peer contacted plus alpha for the call, and beta per
- * byte of the larger of what a rank sends and receives (the maximum over the ranks); a tie keeps the per-dim step.
+ * byte of the larger of what a rank sends and receives (the maximum over the ranks); a tie (also in total bytes, below)
+ * keeps the per-dim step.
  * src and dst must have one dtype and global shape, and share the mesh object or be on two meshes of one parent
  * (dtl_mesh_create_from_ranks: disjoint, overlapping, or the same ranks in another shape). Between two meshes the
  * plan reduces the source's pending Partials on the source mesh first (the cheapest of all-reduce and
@@ -79,18 +83,23 @@ DTL_API dtl_status dtl_cost_model_save(const char *path, const dtl_mesh *mesh, c
  * - pending Partials are reduced innermost mesh dim first; a reduction may run before an inner pending
  *   one only when their ops commute (equal ops, or sum with avg);
  * - mesh dims of size 1 never communicate: their placement is a relabeling, any pair allowed;
- * - on one mesh, a mesh dim whose source is S and target P, or source P(a) and target P(b != a), is
- *   DTL_ERR_UNSUPPORTED with the reason (reaching it would mean a collective whose result the relabeling mostly
- *   discards: ask for R there, or redistribute through R in two calls).
+ * - on one mesh, a mesh dim whose source is S and target P(avg) (avg has no identity to embed in), or source P(a)
+ *   and target P(b != a), is DTL_ERR_UNSUPPORTED with the reason (reaching it would mean a collective whose result
+ *   the relabeling mostly discards: ask for R there, or redistribute through R in two calls).
  * Memory: a plan's scratch (dtl_plan_scratch_bytes) is at most the larger of this rank's local source and target
  * bytes, on every rank: when the cheapest route would need more on some rank (a route through an intermediate
  * larger than both ends), the plan is the same route with smaller pack chunks, or else the cheapest route of
- * reductions and one exchange, its exchange split into as few rounds as fit. Checked for every rank from the global
- * shapes, so every rank derives the same plan. One exception, with pending Partials only: where a reduce-scatter
- * must split a dim of small extent unevenly, the reduced shard plus one round of the exchange can exceed the bound
- * (by at most the bound again; README, Memory).
- * Pure and deterministic: no communication, and every rank derives the same steps (ties go to fewer
- * steps, then to a fixed order). The per-rank byte figures of explain are those of this rank's coordinate. */
+ * reductions and one exchange, its exchange split into as few rounds as fit (a piece that is a run of its box
+ * within a round moves in place). Checked for every rank from the global shapes (on large meshes through
+ * representative coordinates), so every rank derives the same plan. It holds by construction: the last resort
+ * all-reduces the pending Partials (the reduced shard is the source's box) and exchanges one row at a time (one
+ * index of every tensor dim but the last), where every piece is a run and nothing is packed; that plan can be far
+ * dearer, and explain then says what the bound cost and which dtl_plan_create_with_limit limit lifts it. One
+ * exception: on one mesh of more than 1024 ranks the planner prices no exchange, and a route of per-dim steps
+ * through an intermediate larger than both ends can exceed the bound.
+ * Pure and deterministic: no communication, and every rank derives the same steps (ties in cost go to fewer bytes
+ * sent over all ranks together, since the model prices only the busiest rank; then to fewer steps, then to a fixed
+ * order). The per-rank byte figures of explain are those of this rank's coordinate. */
 DTL_API dtl_status dtl_plan_create(const dtl_layout *src, const dtl_layout *dst, dtl_plan **out);
 DTL_API dtl_status dtl_plan_create_with_cost(const dtl_layout *src, const dtl_layout *dst, const dtl_cost_model *cost,
                                              dtl_plan **out);
@@ -139,7 +148,10 @@ DTL_API dtl_status dtl_plan_execute_async(const dtl_plan *p, const void *src_loc
  * figure below, or more for a purely local plan run in place (src_local == dst_local). 0 for NULL. */
 DTL_API size_t dtl_plan_workspace_bytes(const dtl_plan *p);
 /* EXPLAIN-style text: one line per step (mesh dim, collective, tensor dims, bytes sent/received per rank,
- * estimated time; an exchange names both placement vectors and its rounds) and the total. A too-small buffer is DTL_ERR_INVALID_ARGUMENT naming the size needed,
+ * estimated time; an exchange names both placement vectors and its rounds) and the total; when dtl_plan_create's
+ * scratch bound made the plan dearer than the cheapest route, one more line ("scratch bound") with that route's
+ * collectives and time, the scratch it needs on its busiest rank, and the dtl_plan_create_with_limit limit that
+ * returns it. A too-small buffer is DTL_ERR_INVALID_ARGUMENT naming the size needed,
  * which dtl_plan_explain_needed returns (including the NUL). */
 DTL_API dtl_status dtl_plan_explain(const dtl_plan *p, char *buf, size_t cap);
 DTL_API size_t dtl_plan_explain_needed(const dtl_plan *p);

@@ -1345,13 +1345,10 @@ dtl_status dtl_comm_from_mpi(MPI_Comm comm, dtl_comm **out) {
   uint64_t tbits = 0;
   memcpy(&tbits, &timeout, sizeof tbits);
   int64_t fp = c ? (int64_t)(dtl__fp_mix(dtl__fp_mix(dtl__mpi_of(c)->table.fp, (uint64_t)rpn), tbits) >> 1) : 0;
-  /* The values live on the heap where they can: a timed-out agreement leaves them to MPI (a rank whose
-   * allocation fails agrees from the stack, waiting without a deadline). */
-  int64_t v_stack[3], *v = timeout > 0 ? dtl__malloc(sizeof(int64_t) * 3) : NULL;
-  if (!v) {
-    v = v_stack;
-    timeout = 0;
-  }
+  /* Under a deadline the values live in the new communicator's agreement memory, which a timed-out agreement
+   * leaves to MPI with the communicator (never freed then); without one (and wherever c could not be made, which
+   * has none) on the stack. */
+  int64_t v_stack[3], *v = timeout > 0 ? c->agree_host : v_stack;
   v[0] = st == DTL_OK ? 0 : (int64_t)(1 + (int)st) << 32 | (int64_t)(size - rank);
   v[1] = fp;
   v[2] = -fp;
@@ -1362,18 +1359,14 @@ dtl_status dtl_comm_from_mpi(MPI_Comm comm, dtl_comm **out) {
   dtl__deadline_begin(&d, timeout);
   int rc = MPI_Iallreduce(MPI_IN_PLACE, v, 3, MPI_INT64_T, MPI_MAX, comm, &vr);
   if (rc == MPI_SUCCESS && (rc = dtl__mpi_poll(&d, 1, &vr, MPI_STATUSES_IGNORE)) == DTL__MPI_LATE) {
-    dtl__free(keys);
-    dtl_comm_destroy(c); /* MPI still holds v: nothing of this call may be used again but the process's exit */
+    dtl__free(keys); /* c is left as it is: MPI still holds v, in c's memory */
     if (st != DTL_OK) return st;
     return dtl__error(DTL_ERR_TIMEOUT, "dtl_comm_from_mpi: timed out after %.3f s (DTL_TIMEOUT=%g) waiting for the "
                       "other %d ranks of the communicator to call it; this rank is %d", dtl__deadline_waited(&d),
                       timeout, size - 1, rank);
   }
-  if (v != v_stack) {
-    memcpy(v_stack, v, sizeof v_stack);
-    dtl__free(v);
-    v = v_stack;
-  }
+
+  if (v != v_stack) v = memcpy(v_stack, v, sizeof v_stack); /* c may go below */
   if (rc == MPI_SUCCESS && v[0] == 0 && v[1] == -v[2]) {
     /* Every rank got here: each names its node by a key, one all-gather shares the keys. */
     if (size > 1) {

@@ -66,7 +66,7 @@ static bool dtl__calib_terms(const dtl_plan *p, double *calls, double *net, doub
     if (st->kind == DTL__STEP_EXCHANGE) return false;
     dtl__step_volume v;
     dtl__step_volume_max(&p->src, st->kind, st->mesh_dim, st->before, st->after, &v);
-    if (st->kind == DTL__STEP_LOCAL_SLICE || st->kind == DTL__STEP_LOCAL_PARTIAL) {
+    if (st->kind == DTL__STEP_LOCAL_SLICE || st->kind == DTL__STEP_LOCAL_PARTIAL || st->kind == DTL__STEP_LOCAL_EMBED) {
       *local += (double)v.charged;
     } else {
       *calls += dtl__step_rounds(st->kind, p->src.mesh->shape[st->mesh_dim]) + 1;

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "redistribute/executor_internal.h"
+#include "redistribute/cost.h"
 #include "redistribute/xmap.h"
 
 /* Blocks that split tensor dim d of a row-major box, taken in increasing offset order, are consecutive in
@@ -70,12 +71,13 @@ static dtl_status dtl__plan_check(const char *fn, const dtl_plan *p) {
         return dtl__error_fn(DTL_ERR_INTERNAL, fn, "plan step %d on mesh dim %d also changes mesh dim %d", k, md, d);
     }
     dtl_placement_kind from = s->before[md].kind, to = s->after[md].kind;
-    static const dtl_placement_kind want[7][2] = {
+    static const dtl_placement_kind want[8][2] = {
         [DTL__STEP_ALL_GATHER] = {DTL_SHARD, DTL_REPLICATE},     [DTL__STEP_ALL_REDUCE] = {DTL_PARTIAL, DTL_REPLICATE},
         [DTL__STEP_REDUCE_SCATTER] = {DTL_PARTIAL, DTL_SHARD},   [DTL__STEP_ALL_TO_ALL] = {DTL_SHARD, DTL_SHARD},
         [DTL__STEP_LOCAL_SLICE] = {DTL_REPLICATE, DTL_SHARD},    [DTL__STEP_LOCAL_PARTIAL] = {DTL_REPLICATE, DTL_PARTIAL},
-        [DTL__STEP_EXCHANGE] = {DTL_REPLICATE, DTL_REPLICATE}};
-    if ((unsigned)s->kind > DTL__STEP_LOCAL_PARTIAL || want[s->kind][0] != from || want[s->kind][1] != to)
+        [DTL__STEP_EXCHANGE] = {DTL_REPLICATE, DTL_REPLICATE},   [DTL__STEP_LOCAL_EMBED] = {DTL_SHARD, DTL_PARTIAL}};
+    if ((unsigned)s->kind > DTL__STEP_LOCAL_EMBED || s->kind == DTL__STEP_EXCHANGE || want[s->kind][0] != from ||
+        want[s->kind][1] != to)
       return dtl__error_fn(DTL_ERR_INTERNAL, fn, "plan step %d: kind %d does not turn placement kind %d into %d on mesh dim %d",
                            k, (int)s->kind, (int)from, (int)to, md);
     for (int w = 0; w < 2; w++) {
@@ -211,6 +213,9 @@ static void dtl__analyze(const dtl_plan *p, const dtl__view *v, dtl__ex_step *ex
   size_t es = dtl_dtype_size(p->src.dtype);
   dtl_memory mem = dtl__mesh_mem(mesh)->ops->memory;
   bool displs = mesh->comm && mesh->comm->ops->all_to_allv_displs;
+  /* Whether the rank's data is one value throughout (a fill wrote the identity of its op over it): any order of
+   * its elements is then the same buffer, so a reduce-scatter of it needs no pack pass (nor its region). */
+  bool uniform = false;
   for (int k = 0; k < p->nsteps; k++) {
     const dtl__plan_step *s = &p->steps[k];
     dtl__ex_step *e = &ex[k];
@@ -249,6 +254,10 @@ static void dtl__analyze(const dtl_plan *p, const dtl__view *v, dtl__ex_step *ex
         e->op = (v->scoord[e->m] == 0 || (to.op != DTL_SUM && to.op != DTL_PROD)) ? EX_NONE : EX_FILL;
         e->rop = to.op;
         break;
+      case DTL__STEP_LOCAL_EMBED: /* the output spans the group's extent: never over its own input */
+        e->op = EX_EMBED;
+        e->rop = to.op;
+        break;
       case DTL__STEP_ALL_REDUCE:
         e->op = EX_ALL_REDUCE;
         e->rop = from.op;
@@ -261,7 +270,7 @@ static void dtl__analyze(const dtl_plan *p, const dtl__view *v, dtl__ex_step *ex
       case DTL__STEP_REDUCE_SCATTER:
         e->op = EX_REDUCE_SCATTER;
         e->rop = from.op;
-        e->pack = !dtl__split_is_contiguous(nd, e->in_shape, to.dim);
+        e->pack = !uniform && !dtl__split_is_contiguous(nd, e->in_shape, to.dim);
         e->t = e->pack ? dtl__chunking(e, nd, e->in_shape, e->a, es, mem, p->chunk_bytes) : 0;
         break;
       case DTL__STEP_ALL_TO_ALL:
@@ -275,6 +284,7 @@ static void dtl__analyze(const dtl_plan *p, const dtl__view *v, dtl__ex_step *ex
         break;
       case DTL__STEP_EXCHANGE: break; /* above */
     }
+    uniform = e->op == EX_FILL || (uniform && e->op == EX_SLICE);
   }
 }
 
@@ -286,6 +296,29 @@ static dtl__xmsg dtl__xmsg_of(int peer, bool run, int same, size_t count, size_t
   return m;
 }
 
+/* Whether some round of plan p packs piece (s, o) of a box (bs, bo): it is no run of the box within the round.
+ * Only the first and last rounds of the piece clip it to fewer rows; the ones between take xrows rows alike. */
+static bool dtl__packed_in_rounds(const dtl_plan *p, int nd, const int64_t *bs, const int64_t *bo, const int64_t *s,
+                                  const int64_t *o) {
+  size_t at;
+  if (p->xrounds <= 1) return !dtl__run_offset(nd, bs, bo, s, o, &at);
+  if (p->xfine) return false; /* one index of every dim but the last: a run of any box */
+  int d = p->xdim;
+  int64_t lo = o[d], hi = o[d] + s[d], cs[DTL_MAX_TENSOR_DIMS], co[DTL_MAX_TENSOR_DIMS];
+  if (hi <= lo) return false;
+  int64_t r_lo = lo / p->xrows, r_hi = (hi - 1) / p->xrows;
+  int64_t rounds[3] = {r_lo, r_lo + 1 < r_hi ? r_lo + 1 : r_lo, r_hi};
+  for (int k = 0; k < 3; k++) {
+    memcpy(cs, s, sizeof(int64_t) * (size_t)nd);
+    memcpy(co, o, sizeof(int64_t) * (size_t)nd);
+    int64_t a = rounds[k] * p->xrows, b = a + p->xrows;
+    co[d] = lo > a ? lo : a;
+    cs[d] = (hi < b ? hi : b) - co[d];
+    if (!dtl__run_offset(nd, bs, bo, cs, co, &at)) return true;
+  }
+  return false;
+}
+
 /* The messages of exchange step e for rank v (xm set to the step's source placements): counts into x, and, when
  * x->send / x->recv are allocated, the messages themselves. A message's peer is a rank of the exchange's
  * communicator: the mesh rank on one mesh, the parent rank between two. */
@@ -294,7 +327,7 @@ static void dtl__exchange_messages(const dtl_plan *p, const dtl__xmap *xm, const
   int nd = p->src.ndim;
   bool cross = p->src.mesh != p->dst.mesh, keep = x->send != NULL;
   int ns = 0, nr = 0;
-  x->spack = x->rpack = x->rall = 0;
+  x->spack = x->rpack = x->rall = x->spack_r = x->rpack_r = 0;
   x->self = false;
   x->fill = v->d >= 0 && dtl__xmap_fills(xm, v->d, &x->fill_op);
   int64_t ts[DTL_MAX_TENSOR_DIMS], to[DTL_MAX_TENSOR_DIMS], is[DTL_MAX_TENSOR_DIMS], io[DTL_MAX_TENSOR_DIMS];
@@ -310,6 +343,7 @@ static void dtl__exchange_messages(const dtl_plan *p, const dtl__xmap *xm, const
       int rep = dtl__xmap_box_rep(xm, t), same = xm->tmark[rep];
       if (same < 0) xm->tmark[rep] = ns;
       if (!run && same < 0) x->spack += n;
+      if (same < 0 && !run && dtl__packed_in_rounds(p, nd, e->in_shape, e->in_off, is, io)) x->spack_r += n;
       if (keep) x->send[ns] = dtl__xmsg_of(cross ? dtl__mesh_parent_rank(p->dst.mesh, t) : t, run, same, n, at, is, io);
       ns++;
     }
@@ -330,6 +364,7 @@ static void dtl__exchange_messages(const dtl_plan *p, const dtl__xmap *xm, const
       bool run = dtl__run_offset(nd, e->out_shape, e->out_off, is, io, &at);
       x->rall += n;
       if (!run) x->rpack += n;
+      if (!run && dtl__packed_in_rounds(p, nd, e->out_shape, e->out_off, is, io)) x->rpack_r += n;
       if (keep) x->recv[nr] = dtl__xmsg_of(cross ? dtl__mesh_parent_rank(p->src.mesh, h) : h, run, -1, n, at, is, io);
       nr++;
     }
@@ -341,6 +376,7 @@ static void dtl__exchange_messages(const dtl_plan *p, const dtl__xmap *xm, const
 /* Rows of the plan's round dim that a box of extent ext there takes in one round, at most. */
 static size_t dtl__round_part(const dtl_plan *p, const int64_t *shape, size_t count) {
   if (p->xrounds <= 1 || count == 0) return count;
+  if (p->xfine) return (size_t)shape[p->src.ndim - 1];
   int64_t ext = shape[p->xdim], rows = ext < p->xrows ? ext : p->xrows;
   return count / (size_t)ext * (size_t)rows;
 }
@@ -353,10 +389,10 @@ static bool dtl__exchange_temp(const dtl_plan *p, dtl__ex_step *e, int mode) {
   if (mode != DTL__X_APART && (p->xrounds > 1 || x->spack == 0 || x->rall == 0)) return false;
   if (mode == DTL__X_SEND_IN_OUT && x->spack > e->b) return false;
   size_t ts = x->spack, tr = x->rpack;
-  if (p->xrounds > 1) {
+  if (p->xrounds > 1) { /* only what some round packs, and no more than a round's rows of the box */
     size_t rs = dtl__round_part(p, e->in_shape, e->a), rr = dtl__round_part(p, e->out_shape, e->b);
-    ts = ts < rs ? ts : rs;
-    tr = tr < rr ? tr : rr;
+    ts = x->spack_r < rs ? x->spack_r : rs;
+    tr = x->rpack_r < rr ? x->rpack_r : rr;
   }
   x->mode = mode;
   x->tsend = mode == DTL__X_APART ? ts : 0;
@@ -367,7 +403,7 @@ static bool dtl__exchange_temp(const dtl_plan *p, dtl__ex_step *e, int mode) {
 /* Elements a step copies locally beyond its collective (staged: one more copy of its output). */
 static size_t dtl__step_copies(const dtl__ex_step *e, bool staged) {
   size_t c = staged ? e->b : 0;
-  if (e->op == EX_SLICE || e->op == EX_FILL) c += e->b;
+  if (e->op == EX_SLICE || e->op == EX_FILL || e->op == EX_EMBED) c += e->b;
   if (e->op == EX_EXCHANGE) { /* its packing, and the receives that the smaller modes move once more */
     const dtl__xstep *x = e->x;
     return c + x->spack + x->rpack + (x->mode == DTL__X_APART ? 0 : x->rall);
@@ -597,6 +633,80 @@ static size_t dtl__cap(const dtl_plan *p, size_t limit, const dtl__view *v) {
   return limit == SIZE_MAX ? (v->a0 > v->d0 ? v->a0 : v->d0) : limit / dtl_dtype_size(p->src.dtype);
 }
 
+/* Rank v's scratch need (elements) and budget for plan p: ex holds room for p's steps, xm and xs the exchange's. */
+static void dtl__fits_view(const dtl_plan *p, size_t limit, int r, int q, dtl__ex_step *ex, int xk, dtl__xmap *xm,
+                           dtl__xstep *xs, size_t *need, size_t *cap) {
+  dtl__view v;
+  dtl__view_of(p, r, q, &v);
+  dtl__analyze(p, &v, ex);
+  bool local = true;
+  for (int k = 0; k < p->nsteps; k++) local &= !dtl__ex_communicates(ex[k].op);
+  if (xk >= 0) {
+    ex[xk].x = xs;
+    dtl__exchange_messages(p, xm, &v, &ex[xk], xs);
+  }
+  dtl__ex_layout place[2];
+  *cap = dtl__cap(p, limit, &v);
+  dtl__place_view(p, &v, ex, xk, local, *cap, place);
+  *need = place[0].scr;
+}
+
+/* The coordinates of mesh dim m that stand for all of its coordinates in a plan without an exchange, ascending, into
+ * out (room for DTL__REP_MAX); returns how many, or -1 when there would be more. Such a plan's scratch on a rank
+ * depends only on the shapes of the rank's boxes under the plan's placement vectors (every pass, temporary and
+ * placement is sized from them), and the extent a split of parent extent E into p chunks gives coordinate c is one
+ * of three: full below E's count of full chunks nf, the remainder at nf, empty above. So coordinates between two
+ * consecutive breakpoints (0, and nf and nf + 1 for every parent extent that m splits in some vector) have the same
+ * boxes everywhere, and the first of each run represents it. */
+#define DTL__REP_MAX 512
+static int dtl__rep_coords(const dtl_plan *p, int m, int *out) {
+  const dtl_mesh *mesh = p->src.mesh;
+  int pm = mesh->shape[m], n = 0;
+  const dtl_placement *vec[2 * DTL__MAX_PLAN_STEPS + 2];
+  int nv = 0;
+  vec[nv++] = p->src.placements;
+  vec[nv++] = p->dst.placements;
+  for (int k = 0; k < p->nsteps; k++) vec[nv++] = p->steps[k].before, vec[nv++] = p->steps[k].after;
+  bool mark[DTL__REP_MAX] = {false}; /* breakpoints below DTL__REP_MAX, then those above in a list */
+  int far[DTL__REP_MAX], nfar = 0;
+  mark[0] = true;
+  for (int i = 0; i < nv; i++) {
+    const dtl_placement *pl = vec[i];
+    if (pl[m].kind != DTL_SHARD) continue;
+    int d = pl[m].dim, ks[DTL_MAX_MESH_DIMS], nk = 0;
+    for (int k = 0; k < m; k++)
+      if (pl[k].kind == DTL_SHARD && pl[k].dim == d) ks[nk++] = mesh->shape[k];
+    int64_t ext[DTL__EXTENT_SET_MAX];
+    int ne = dtl__extent_set(p->src.shape[d], ks, nk, ext);
+    for (int e = 0; e < ne; e++) {
+      int64_t off, cs;
+      dtl__chunk(ext[e], pm, 0, &off, &cs);
+      int64_t nf = cs ? ext[e] / cs : pm;
+      for (int64_t b = nf; b <= nf + 1; b++) {
+        if (b >= pm) continue;
+        if (b < DTL__REP_MAX) {
+          mark[b] = true;
+          continue;
+        }
+        bool dup = false;
+        for (int f = 0; f < nfar; f++) dup |= far[f] == b;
+        if (dup) continue;
+        if (nfar == DTL__REP_MAX) return -1;
+        far[nfar++] = (int)b;
+      }
+    }
+  }
+  for (int c = 0; c < DTL__REP_MAX && c < pm; c++)
+    if (mark[c]) out[n++] = c;
+  for (int f = 0; f < nfar; f++) { /* insertion into the ascending tail */
+    if (n == DTL__REP_MAX) return -1;
+    int j = n++;
+    while (j > 0 && out[j - 1] > far[f]) out[j] = out[j - 1], j--;
+    out[j] = far[f];
+  }
+  return n;
+}
+
 dtl_status dtl__plan_fits(const char *fn, const dtl_plan *p, size_t limit, bool *fits, size_t *worst) {
   int n = p->nsteps, xk = dtl__exchange_step(p);
   const dtl_mesh *sm = p->src.mesh, *dm = p->dst.mesh;
@@ -613,28 +723,41 @@ dtl_status dtl__plan_fits(const char *fn, const dtl_plan *p, size_t limit, bool 
       return st;
     }
   }
-  /* Every rank of either mesh: the source mesh's ranks (with their target rank, if any), then the target mesh's
-   * ranks outside the source mesh. */
   *fits = true;
   *worst = 0;
+  size_t need, cap;
+  /* Without an exchange (one mesh), the representative coordinates of every mesh dim (dtl__rep_coords): planning
+   * a mesh of 393k ranks then checks a few dozen instead of every rank. */
+  int reps[DTL_MAX_MESH_DIMS][DTL__REP_MAX];
+  int nrep[DTL_MAX_MESH_DIMS], M = sm->ndim;
+  bool by_rep = xk < 0 && sm == dm;
+  uint64_t combos = 1;
+  for (int m = 0; by_rep && m < M; m++) {
+    nrep[m] = dtl__rep_coords(p, m, reps[m]);
+    by_rep = nrep[m] > 0 && (combos *= (uint64_t)nrep[m]) < (uint64_t)sm->size;
+  }
+  if (by_rep) {
+    int idx[DTL_MAX_MESH_DIMS] = {0};
+    for (uint64_t c = 0; c < combos; c++) {
+      int r = 0;
+      for (int m = 0; m < M; m++) r = r * sm->shape[m] + reps[m][idx[m]];
+      dtl__fits_view(p, limit, r, r, ex, xk, &xm, &xs, &need, &cap);
+      if (need > cap) *fits = false;
+      if (need * es > *worst) *worst = need * es;
+      for (int m = M - 1; m >= 0 && ++idx[m] == nrep[m]; m--) idx[m] = 0;
+    }
+    dtl__free(ex);
+    return DTL_OK;
+  }
+  /* Every rank of either mesh: the source mesh's ranks (with their target rank, if any), then the target mesh's
+   * ranks outside the source mesh. */
   for (int i = 0; i < sm->size + (sm != dm ? dm->size : 0); i++) {
     int r = i < sm->size ? i : -1, q = i < sm->size ? (sm == dm ? i : -1) : i - sm->size;
     if (sm != dm && r >= 0) q = dtl__xmap_s2d(&xm, r);
     if (sm != dm && r < 0 && dtl__xmap_d2s(&xm, q) >= 0) continue; /* counted with its source rank */
-    dtl__view v;
-    dtl__view_of(p, r, q, &v);
-    dtl__analyze(p, &v, ex);
-    bool local = true;
-    for (int k = 0; k < n; k++) local &= !dtl__ex_communicates(ex[k].op);
-    if (xk >= 0) {
-      ex[xk].x = &xs;
-      dtl__exchange_messages(p, &xm, &v, &ex[xk], &xs);
-    }
-    dtl__ex_layout place[2];
-    size_t cap = dtl__cap(p, limit, &v);
-    dtl__place_view(p, &v, ex, xk, local, cap, place);
-    if (place[0].scr > cap) *fits = false;
-    if (place[0].scr * es > *worst) *worst = place[0].scr * es;
+    dtl__fits_view(p, limit, r, q, ex, xk, &xm, &xs, &need, &cap);
+    if (need > cap) *fits = false;
+    if (need * es > *worst) *worst = need * es;
   }
   if (xk >= 0) dtl__xmap_free(&xm);
   dtl__free(ex);
@@ -664,7 +787,8 @@ dtl_status dtl__plan_compile(const char *fn, dtl_plan *p) {
     dtl__step_kind kind = p->steps[k].kind;
     if (kind == DTL__STEP_EXCHANGE) continue;
     int g = mesh->shape[p->steps[k].mesh_dim];
-    if (g == 1 || kind == DTL__STEP_LOCAL_SLICE || kind == DTL__STEP_LOCAL_PARTIAL) continue;
+    if (g == 1 || kind == DTL__STEP_LOCAL_SLICE || kind == DTL__STEP_LOCAL_PARTIAL || kind == DTL__STEP_LOCAL_EMBED)
+      continue;
     if (g > gmax) gmax = g;
     if (kind != DTL__STEP_ALL_REDUCE) words += 6 * (size_t)g;
   }
@@ -742,6 +866,8 @@ dtl_status dtl__plan_compile(const char *fn, dtl_plan *p) {
     xp->xdim = p->xdim;
     xp->xrows = p->xrows;
     xp->xrounds = p->xrounds;
+    xp->xfine = p->xfine;
+    memcpy(xp->xshape, p->src.shape, sizeof(int64_t) * (size_t)p->src.ndim);
     dtl__xmap_free(&xm);
   }
   for (int k = 0; k < n; k++) {

@@ -198,8 +198,9 @@ static void dtl__volume_scalar(dtl__step_kind kind, int p, uint64_t A, uint64_t 
       recv = rest * b * (A - a);
       charged = send > recv ? send : recv;
       break;
-    case DTL__STEP_LOCAL_SLICE: charged = rest * b; break;
+    case DTL__STEP_LOCAL_SLICE: charged = b == B ? 0 : rest * b; break; /* keeping the whole box copies nothing */
     case DTL__STEP_LOCAL_PARTIAL: charged = rest; break;
+    case DTL__STEP_LOCAL_EMBED: charged = rest * A; break; /* writes the group's whole extent of i */
     case DTL__STEP_EXCHANGE: break; /* priced from its map (dtl__exchange_cost_ps) */
   }
   v->send = send * es;
@@ -233,10 +234,7 @@ void dtl__step_volume_at(const dtl_layout *g, dtl__step_kind kind, int m, const 
   dtl__volume_scalar(kind, p, A, a, a_next, B, b, rest, dtl_dtype_size(g->dtype), out);
 }
 
-/* The distinct extents that tensor dim d of size n takes after the splits of the mesh dims in ks (left to
- * right). torch.chunk gives at most three sizes per split (full, remainder, empty), so the set stays small. */
-#define DTL__EXTENT_SET_MAX 32 /* 3^3 + 1: at most three splits besides the step's own */
-static int dtl__extent_set(int64_t n, const int *ks, int nk, int64_t *out) {
+int dtl__extent_set(int64_t n, const int *ks, int nk, int64_t *out) {
   int cnt = 1;
   out[0] = n;
   for (int l = 0; l < nk; l++) {
@@ -307,6 +305,100 @@ void dtl__step_volume_max(const dtl_layout *g, dtl__step_kind kind, int m, const
   *out = best;
 }
 
+/* The distinct extents of a tensor dim of size n after the splits ks[0..nk), each with the number of coordinate
+ * tuples of those splits that give it (the counts add up to the product of ks). */
+static int dtl__extent_multiset(int64_t n, const int *ks, int nk, int64_t *val, uint64_t *cnt) {
+  int c = 1;
+  val[0] = n;
+  cnt[0] = 1;
+  for (int l = 0; l < nk; l++) {
+    int64_t nv[DTL__EXTENT_SET_MAX];
+    uint64_t nc[DTL__EXTENT_SET_MAX];
+    int nn = 0;
+    for (int e = 0; e < c; e++) {
+      dtl__split sp = dtl__split_of(val[e], ks[l]);
+      int64_t ext[3] = {sp.cs, sp.rem, 0};
+      uint64_t mult[3] = {(uint64_t)sp.nfull, sp.nfull < ks[l] ? 1u : 0u, 0};
+      mult[2] = (uint64_t)ks[l] - mult[0] - mult[1];
+      for (int q = 0; q < 3; q++) {
+        if (!mult[q]) continue;
+        int r = 0;
+        while (r < nn && nv[r] != ext[q]) r++;
+        if (r == nn && nn < DTL__EXTENT_SET_MAX) nv[nn] = ext[q], nc[nn++] = 0;
+        if (r < nn) nc[r] += cnt[e] * mult[q];
+      }
+    }
+    memcpy(val, nv, (size_t)nn * sizeof *val);
+    memcpy(cnt, nc, (size_t)nn * sizeof *cnt);
+    c = nn;
+  }
+  return c;
+}
+
+/* The sum over a group of p of chunk(A, p, c) x chunk(B, p, c): constant between the coordinates where either
+ * turns from full to remainder to empty. */
+static unsigned __int128 dtl__chunk_dot(int64_t A, int64_t B, int p) {
+  dtl__split sa = dtl__split_of(A, p), sb = dtl__split_of(B, p);
+  int64_t cut[6] = {0, sa.nfull, sa.nfull + 1, sb.nfull, sb.nfull + 1, p};
+  unsigned __int128 sum = 0;
+  for (int64_t lo = 0; lo < p;) {
+    int64_t hi = p;
+    for (int q = 0; q < 6; q++)
+      if (cut[q] > lo && cut[q] < hi) hi = cut[q];
+    sum += (unsigned __int128)(uint64_t)dtl__split_size(&sa, lo) * (uint64_t)dtl__split_size(&sb, lo) * (uint64_t)(hi - lo);
+    lo = hi;
+  }
+  return sum;
+}
+
+uint64_t dtl__step_volume_total(const dtl_layout *g, dtl__step_kind kind, int m, const dtl_placement *before,
+                                const dtl_placement *after) {
+  if (kind == DTL__STEP_LOCAL_SLICE || kind == DTL__STEP_LOCAL_PARTIAL || kind == DTL__STEP_LOCAL_EMBED ||
+      kind == DTL__STEP_EXCHANGE)
+    return 0;
+  const dtl_mesh *mesh = g->mesh;
+  int i, j, p = mesh->shape[m];
+  dtl__step_dims(m, before, after, &i, &j);
+  /* Summed over the coordinates that shard it, a tensor dim's extent is its global size (the chunks partition it),
+   * and the coordinates of mesh dims that shard nothing multiply every sum; the extents of i (before the step's own
+   * split) and j (as the group holds it) enter the group's formula jointly, by their multisets. */
+  unsigned __int128 mult = 1;
+  for (int k = 0; k < mesh->ndim; k++)
+    if (k != m && before[k].kind != DTL_SHARD) mult *= (unsigned)mesh->shape[k];
+  for (int d = 0; d < g->ndim; d++)
+    if (d != i && d != j) mult *= (uint64_t)g->shape[d];
+  int64_t va[DTL__EXTENT_SET_MAX] = {1}, vb[DTL__EXTENT_SET_MAX] = {1};
+  uint64_t ca[DTL__EXTENT_SET_MAX] = {1}, cb[DTL__EXTENT_SET_MAX] = {1};
+  int ks[DTL_MAX_MESH_DIMS] = {0}, nk = 0, na = 1, nb = 1;
+  if (i >= 0) {
+    nk = 0;
+    for (int k = 0; k < mesh->ndim; k++)
+      if (k != m && before[k].kind == DTL_SHARD && before[k].dim == i) ks[nk++] = mesh->shape[k];
+    na = dtl__extent_multiset(g->shape[i], ks, nk, va, ca);
+  }
+  if (j >= 0) {
+    nk = 0;
+    for (int k = 0; k < mesh->ndim; k++)
+      if (k != m && before[k].kind == DTL_SHARD && before[k].dim == j) ks[nk++] = mesh->shape[k];
+    nb = dtl__extent_multiset(g->shape[j], ks, nk, vb, cb);
+  }
+  unsigned __int128 group = 0; /* elements the groups send, over every (A, B) pair */
+  for (int x = 0; x < na; x++)
+    for (int y = 0; y < nb; y++) {
+      unsigned __int128 A = (uint64_t)va[x], B = (uint64_t)vb[y], n = 0, w = (unsigned __int128)ca[x] * cb[y];
+      switch (kind) {
+        case DTL__STEP_ALL_GATHER: n = (unsigned)(p - 1) * A; break; /* every block to the other p - 1 */
+        case DTL__STEP_ALL_REDUCE: n = 2 * (unsigned)(p - 1) * A * B; break; /* 2 (p-1)/p of the shard, p times */
+        case DTL__STEP_REDUCE_SCATTER: n = (unsigned)(p - 1) * B; break; /* every block but its own, to its owner */
+        case DTL__STEP_ALL_TO_ALL: n = A * B - dtl__chunk_dot(va[x], vb[y], p); break; /* what changes owner */
+        default: break;
+      }
+      group += n * w;
+    }
+  unsigned __int128 total = group * mult * dtl_dtype_size(g->dtype);
+  return total > UINT64_MAX ? UINT64_MAX : (uint64_t)total;
+}
+
 uint64_t dtl__step_remote_bytes(const dtl_mesh *mesh, dtl__step_kind kind, int m, const int *coord, uint64_t send) {
   int p = mesh->shape[m];
   if (!mesh->dim_inter[m] || dtl__step_rounds(kind, p) == 0) return 0;
@@ -351,7 +443,7 @@ int64_t dtl__exchange_cost_ps(const dtl_cost_model *c, const dtl__xvolume *max, 
 
 int64_t dtl__step_cost_ps(const dtl_cost_model *c, dtl__step_kind kind, int p, const dtl__step_volume *max,
                           bool inter) {
-  bool local = kind == DTL__STEP_LOCAL_SLICE || kind == DTL__STEP_LOCAL_PARTIAL;
+  bool local = kind == DTL__STEP_LOCAL_SLICE || kind == DTL__STEP_LOCAL_PARTIAL || kind == DTL__STEP_LOCAL_EMBED;
   /* A collective pays alpha per ring round plus alpha once for the call itself (entry, launch, the
    * synchronisation of its group). Without that term one all-reduce and a reduce-scatter + all-reduce +
    * all-gather over two mesh dims tie on latency, and the planner would trade a collective for a handful

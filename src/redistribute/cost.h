@@ -41,10 +41,19 @@ void dtl__step_volume_at(const dtl_layout *geom, dtl__step_kind kind, int m, con
                          const dtl_placement *after, const int *coord, dtl__step_volume *out);
 void dtl__step_volume_max(const dtl_layout *geom, dtl__step_kind kind, int m, const dtl_placement *before,
                           const dtl_placement *after, dtl__step_volume *out);
+/* The bytes a step sends over all ranks of the mesh together (its groups' ring or pairwise totals, from the global
+ * shapes; 0 for local steps), saturating at UINT64_MAX: the planner's tie-break between routes of equal cost. */
+uint64_t dtl__step_volume_total(const dtl_layout *geom, dtl__step_kind kind, int m, const dtl_placement *before,
+                                const dtl_placement *after);
 /* Of the `send` bytes the rank at coord sends in a step on mesh dim m, those that go to ranks on other nodes: all of
  * them when its ring successor on m is on another node (all-gather, all-reduce, reduce-scatter), the share of its
  * peers on other nodes for an all-to-all (its pieces taken as even), none for local steps. */
 uint64_t dtl__step_remote_bytes(const dtl_mesh *mesh, dtl__step_kind kind, int m, const int *coord, uint64_t send);
+/* The distinct extents (at most DTL__EXTENT_SET_MAX) that a tensor dim of size n takes after the splits in ks[0..nk)
+ * (mesh dim sizes, left to right). torch.chunk gives at most three sizes per split (full, remainder, empty), so
+ * the set stays small. */
+#define DTL__EXTENT_SET_MAX 32 /* 3^3 + 1: at most three splits besides a step's own */
+int dtl__extent_set(int64_t n, const int *ks, int nk, int64_t *out);
 /* Rounds of the ring algorithm on p ranks (0 for local steps). */
 int dtl__step_rounds(dtl__step_kind kind, int p);
 /* The most one step (or one mesh dim's term of the search's lower bound) is priced at: 2.9e5 s. A plan

@@ -13,6 +13,16 @@ static bool dtl__xclip(const dtl__xstep *x, int nd, const dtl__xmsg *m, int64_t 
   memcpy(s, m->shape, sizeof(int64_t) * (size_t)nd);
   memcpy(o, m->off, sizeof(int64_t) * (size_t)nd);
   if (x->xrounds <= 1) return true;
+  if (x->xfine) { /* round r0 is one index of every dim but the last, row-major */
+    for (int d = nd - 2, r = (int)r0; d >= 0; d--) {
+      int64_t i = r % x->xshape[d];
+      r /= (int)x->xshape[d];
+      if (i < o[d] || i >= o[d] + s[d]) return false;
+      o[d] = i;
+      s[d] = 1;
+    }
+    return s[nd - 1] > 0;
+  }
   int d = x->xdim;
   int64_t lo = o[d] > r0 ? o[d] : r0, hi = o[d] + s[d] < r0 + x->xrows ? o[d] + s[d] : r0 + x->xrows;
   o[d] = lo;
@@ -40,7 +50,7 @@ static bool dtl__xsend_buf(const dtl__ex_ctx *c_, const dtl__ex_step *e, int i, 
     x->bufs_s[(*ns)++] = x->bufs_s[x->spos[m->same]];
     return false;
   }
-  if (m->run && dtl__run_offset(c_->nd, e->in_shape, e->in_off, s, o, &at)) {
+  if (dtl__run_offset(c_->nd, e->in_shape, e->in_off, s, o, &at)) { /* a run of the input in this round */
     x->bufs_s[(*ns)++] = dtl__at((void *)(uintptr_t)in, at, c_->es);
     return false;
   }
@@ -69,7 +79,7 @@ static void dtl__xrecv_bufs(const dtl__ex_ctx *c_, const dtl__ex_step *e, int64_
     const dtl__xmsg *m = &x->recv[i];
     if (!dtl__xclip(x, nd, m, r0, s, o)) continue;
     size_t n = dtl__box_count(nd, s);
-    if (x->mode == DTL__X_APART && m->run && dtl__run_offset(nd, e->out_shape, e->out_off, s, o, &at)) {
+    if (x->mode == DTL__X_APART && dtl__run_offset(nd, e->out_shape, e->out_off, s, o, &at)) {
       x->bufs_r[*nr] = dtl__at(out, at, c_->es);
     } else {
       x->bufs_r[*nr] = dtl__at(rreg, roff, c_->es);
@@ -115,7 +125,10 @@ static bool dtl__xround_pipelined(const dtl__ex_ctx *c_, const dtl__ex_step *e, 
   if (x->mode != DTL__X_APART || x->spack == 0 || c->mem.ops->memory != DTL_MEMORY_HOST) return false;
   int64_t s[DTL_MAX_TENSOR_DIMS], o[DTL_MAX_TENSOR_DIMS];
   int npack = 0;
-  for (int i = 0; i < x->nsend; i++) npack += x->send[i].same < 0 && !x->send[i].run && dtl__xclip(x, c_->nd, &x->send[i], r0, s, o);
+  size_t at = 0;
+  for (int i = 0; i < x->nsend; i++)
+    npack += x->send[i].same < 0 && dtl__xclip(x, c_->nd, &x->send[i], r0, s, o) &&
+             !dtl__run_offset(c_->nd, e->in_shape, e->in_off, s, o, &at);
   if (npack == 0 || npack > DTL__XPIPE) return false;
   char *sreg, *rreg;
   dtl__xregions(x, c_->es, out, tmp, &sreg, &rreg);
@@ -126,16 +139,16 @@ static bool dtl__xround_pipelined(const dtl__ex_ctx *c_, const dtl__ex_step *e, 
     for (int i = 0; i < x->nsend; i++) {
       const dtl__xmsg *m = &x->send[i];
       if (pass == 0) x->spos[i] = -1;
-      bool packed = !m->run && (m->same < 0 || !x->send[m->same].run);
-      if (packed != (pass == 1) || !dtl__xclip(x, c_->nd, m, r0, s, o)) continue;
-      /* A message that is a run stays one in every round: the round dim is the outermost dim longer than 1
-       * (planner.c), so the dims before it are 1 and a run clipped along it is still a run. The send region has
-       * no room for runs, so a clipped run that needed packing would be a planner bug: refused before anything
-       * goes out, rather than sent unpacked. */
-      if (dtl__xsend_buf(c_, e, i, s, o, in, sreg, &soff, &ns) && pass == 0) {
-        *st = dtl__error_fn(DTL_ERR_INTERNAL, "dtl_plan_execute",
-                            "send %d of round %lld is no run of this rank's box (round dim %d is not the outermost "
-                            "dim longer than 1)", i, (long long)r0, x->xdim);
+      if (!dtl__xclip(x, c_->nd, m, r0, s, o)) continue;
+      /* Whether a piece needs packing is decided per round (a piece clipped to its round may be contiguous where
+       * the whole message is not); a copy of another send is packed when that one is (same box, so the same
+       * run-ness in this round). dtl__xsend_buf decides it alike for an original. */
+      bool packed = !dtl__run_offset(c_->nd, e->in_shape, e->in_off, s, o, &at);
+      if (packed != (pass == 1)) continue;
+      bool got = dtl__xsend_buf(c_, e, i, s, o, in, sreg, &soff, &ns); /* a copy shares its original's buffer */
+      if (m->same < 0 && got != packed) {
+        *st = dtl__error_fn(DTL_ERR_INTERNAL, "dtl_plan_execute", "send %d of round %lld: the packing of its piece "
+                            "was decided two ways", i, (long long)r0);
         return true;
       }
     }
@@ -153,7 +166,7 @@ static bool dtl__xround_pipelined(const dtl__ex_ctx *c_, const dtl__ex_step *e, 
     if (x->send[i].same < 0) {
       dtl__xclip(x, c_->nd, &x->send[i], r0, s, o);
       *st = dtl__xpack(c_, e, c, s, o, in, x->bufs_s[j]);
-    }
+    } /* a copy of a send packed in this round shares its buffer, packed above (it comes earlier in the list) */
     if (*st == DTL_OK) *st = c->ops->exchange(c, 1, &x->peers_s[j], &x->bufs_s[j], &x->cnt_s[j], 0, NULL, NULL, NULL,
                                               c_->t, &req[nreq]);
     if (*st == DTL_OK && req[nreq]) nreq++;
@@ -184,7 +197,7 @@ static dtl_status dtl__xround_finish(const dtl__ex_ctx *c_, const dtl__ex_step *
     const dtl__xmsg *m = &x->recv[i];
     if (!dtl__xclip(x, nd, m, r0, s, o)) continue;
     size_t n = dtl__box_count(nd, s), at = 0;
-    if (x->mode == DTL__X_APART && m->run && dtl__run_offset(nd, e->out_shape, e->out_off, s, o, &at)) continue;
+    if (x->mode == DTL__X_APART && dtl__run_offset(nd, e->out_shape, e->out_off, s, o, &at)) continue;
     for (int d = 0; d < nd; d++) rel[d] = o[d] - e->out_off[d];
     dtl__box_copy b = dtl__ex_box(nd, es, s, s, NULL, e->out_shape, rel);
     DTL_TRY(dtl__mem_copy_box(&c->mem, dtl__at(rreg, roff, es), out, &b));

@@ -20,7 +20,8 @@ typedef enum {
   EX_GATHER,
   EX_REDUCE_SCATTER,
   EX_ALL_TO_ALL,
-  EX_EXCHANGE
+  EX_EXCHANGE,
+  EX_EMBED /* fills the output box with the identity of rop, then copies the input box to its place in it */
 } dtl__ex_op;
 
 /* Places a shard can live in. SRC is read-only; DST and SCR hold a data region at offset 0 and, during a
@@ -65,11 +66,16 @@ typedef struct {
   dtl_reduce_op fill_op;
   size_t spack, rpack, rall; /* elements: of distinct sends that are packed, of receives that are unpacked, of all
                                 receives */
+  /* In rounds (xrounds > 1) a piece that is no run of its box may still be one within each round (its rows of the
+   * round dim one at a time): the elements of distinct sends and of receives that some round packs. */
+  size_t spack_r, rpack_r;
   int mode;
   size_t tsend;              /* elements of the send region (APART) */
   bool cross;                /* runs on the parent of two meshes, else on the mesh communicator */
   int xdim, xrounds;         /* rounds of xrows indices of tensor dim xdim (the plan's) */
   int64_t xrows;
+  bool xfine;                             /* the plan's: round r is one index of every dim but the last */
+  int64_t xshape[DTL_MAX_TENSOR_DIMS];    /* the global shape, whose leading dims fine rounds count over */
   /* The transport's lists of one round, sized for every message. */
   int *peers_s, *peers_r, *spos; /* spos: each send's place in the round's list (-1: not in this round) */
   const void **bufs_s;

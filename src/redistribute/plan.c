@@ -28,6 +28,7 @@ const char *dtl__plan_step_name(dtl__step_kind k) {
     case DTL__STEP_LOCAL_SLICE: return "local slice";
     case DTL__STEP_LOCAL_PARTIAL: return "local partial";
     case DTL__STEP_EXCHANGE: return "exchange";
+    case DTL__STEP_LOCAL_EMBED: return "local embed";
   }
   return "?";
 }
@@ -164,6 +165,20 @@ static size_t dtl__explain_render(const dtl_plan *p, char *b) {
   dtl__bytes_text(p->scratch_bytes, scratch, sizeof scratch);
   dtl__say(b, &o, "total  %d step%s, %d collective%s, est %s, scratch %s\n", p->nsteps, p->nsteps == 1 ? "" : "s", nc,
            nc == 1 ? "" : "s", est, scratch);
+  if (p->unbounded_scratch) { /* the scratch bound turned the cheapest route down: what it cost, how to lift it */
+    char ub[24], more[24], need[24];
+    dtl__time_text(p->unbounded_cost_s, ub, sizeof ub);
+    dtl__time_text(p->total_cost_s - p->unbounded_cost_s, more, sizeof more);
+    dtl__bytes_text(p->unbounded_scratch, need, sizeof need);
+    int extra = nc - p->unbounded_collectives;
+    char calls[32] = "";
+    if (extra > 0) snprintf(calls, sizeof calls, "%d collective%s and ", extra, extra == 1 ? "" : "s");
+    dtl__say(b, &o, "scratch bound  the cheapest route (%d collective%s, est %s) needs %s of scratch on some rank, more "
+             "than the larger of its local source and target: this plan costs %s%s more; "
+             "dtl_plan_create_with_limit(src, dst, %zu) returns that route\n",
+             p->unbounded_collectives, p->unbounded_collectives == 1 ? "" : "s", ub, need, calls, more,
+             p->unbounded_scratch);
+  }
   return o < DTL__EXPLAIN_MAX ? o : DTL__EXPLAIN_MAX - 1;
 }
 

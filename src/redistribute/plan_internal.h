@@ -19,6 +19,9 @@ typedef enum {
   DTL__STEP_EXCHANGE,       /* any layout without pending Partials -> the target layout (on any mesh dims, and on
                                another mesh of the same parent): every rank sends exactly the boxes others need
                                (xmap.h) point to point; a Partial target's identity coordinates fill instead */
+  DTL__STEP_LOCAL_EMBED,    /* S(i) -> P(op), no communication: each rank's shard sits at its place in the group's
+                               extent of dim i, the rest the identity of op (sum: 0, prod: 1, max: -inf, min: +inf),
+                               so that reducing the group gives the unsplit values (DTensor's Shard -> Partial) */
 } dtl__step_kind;
 
 /* The longest plan changes each mesh dim a bounded number of times; an exchange is always the last step. */
@@ -53,6 +56,10 @@ struct dtl_plan {
    * scratch limit; 1 round (xrows = the dim's extent) moves everything at once. */
   int xrounds, xdim;
   int64_t xrows;
+  /* Rounds of single rows instead (the bound's last resort): a round is one index of every tensor dim but the last
+   * (row-major), so that every piece of a round is a run of its box and nothing is packed (xrows 1, xrounds the
+   * product of those extents). */
+  bool xfine;
   /* The scratch budget the plan was made for: bytes on every rank, or SIZE_MAX for each rank's larger local end;
    * and, to meet it, the bytes of one chunk of the pack or unpack pass of a gather or reduce-scatter, on any memory
    * (0: the executor's own chunking, host memory only). */
@@ -61,12 +68,18 @@ struct dtl_plan {
   dtl__plan_step steps[DTL__MAX_PLAN_STEPS];
   double total_cost_s;
   size_t scratch_bytes;
+  /* Set when dtl_plan_create's scratch bound made the plan dearer than the cheapest route (explain says so): that
+   * route's cost, collectives, and largest scratch on any rank, the limit dtl_plan_create_with_limit would need to
+   * return it. unbounded_scratch 0: the bound changed nothing. */
+  double unbounded_cost_s;
+  int unbounded_collectives;
+  size_t unbounded_scratch;
   /* Compiled by dtl__plan_compile (executor_internal.h); NULL before. Reached through a pointer, so that the
    * driver can fill its count arrays and grow its workspace through a const plan. */
   struct dtl__plan_exec *exec;
 };
 
-/* "all-gather", "all-reduce", "reduce-scatter", "all-to-all", "local slice", "local partial", "exchange"
+/* "all-gather", "all-reduce", "reduce-scatter", "all-to-all", "local slice", "local partial", "exchange", "local embed"
  * (plan.c): the names explain prints, for every message that names a step. */
 const char *dtl__plan_step_name(dtl__step_kind k);
 

@@ -28,6 +28,19 @@ static bool dtl__fill_survives(dtl_reduce_op made, dtl_reduce_op pending) {
   return !(made == DTL_PROD && pending == DTL_SUM);
 }
 
+/* S -> P(made) writes made's identity on every rank around its shard, so an inner pending reduction meets p copies
+ * of it: 0 survives every op, 1 every op but sum, -inf and +inf only max and min. Avg has no identity (the zeros
+ * would count towards its mean), so S -> P(avg) has no step. */
+static bool dtl__embed_survives(dtl_reduce_op made, dtl_reduce_op pending) {
+  switch (made) {
+    case DTL_SUM: return true;
+    case DTL_PROD: return pending != DTL_SUM;
+    case DTL_MAX:
+    case DTL_MIN: return pending == DTL_MAX || pending == DTL_MIN;
+    default: return false;
+  }
+}
+
 /* Whether mesh dim m may go from pl[m] to q in state pl (q differs from pl[m]), and which step that is.
  * Nested sharding splits a tensor dim left to right, so a step may only undo or add the innermost split:
  * leaving S(i) needs no mesh dim after m sharding i, entering S(j) needs none after m sharding j. A
@@ -42,14 +55,18 @@ static bool dtl__step_legal(const dtl_mesh *mesh, const dtl_placement *pl, int m
     if (o.kind == DTL_SHARD && q.kind == DTL_SHARD && o.dim == q.dim) return false;
     if (o.kind == DTL_PARTIAL && a.kind == DTL_PARTIAL && !dtl__ops_commute(a.op, o.op)) return false;
     if (o.kind == DTL_PARTIAL && q.kind == DTL_PARTIAL && !dtl__fill_survives(q.op, o.op)) return false;
+    if (o.kind == DTL_PARTIAL && q.kind == DTL_PARTIAL && a.kind == DTL_SHARD && !dtl__embed_survives(q.op, o.op))
+      return false;
   }
   switch (a.kind) {
     case DTL_REPLICATE:
       *kind = q.kind == DTL_SHARD ? DTL__STEP_LOCAL_SLICE : DTL__STEP_LOCAL_PARTIAL;
       return true;
     case DTL_SHARD:
-      if (q.kind == DTL_PARTIAL) return false;
-      *kind = q.kind == DTL_REPLICATE ? DTL__STEP_ALL_GATHER : DTL__STEP_ALL_TO_ALL;
+      if (q.kind == DTL_PARTIAL && q.op == DTL_AVG) return false;
+      *kind = q.kind == DTL_REPLICATE ? DTL__STEP_ALL_GATHER
+              : q.kind == DTL_PARTIAL ? DTL__STEP_LOCAL_EMBED
+                                      : DTL__STEP_ALL_TO_ALL;
       return true;
     case DTL_PARTIAL:
       if (q.kind == DTL_PARTIAL) return false;
@@ -62,10 +79,11 @@ static bool dtl__step_legal(const dtl_mesh *mesh, const dtl_placement *pl, int m
 /* --- the state space --------------------------------------------------------------------------------- */
 
 /* A state is one code per mesh dim, mixed radix K: 0 = R, 1 + d = S(d), K - 1 = P(op[m]). Every tensor dim
- * may serve as an intermediate shard dim. A mesh dim offers Partial only with the op of its source or
- * target (changing ops is refused before the search); elsewhere Partial never pays: entering it is a
- * local step from R and leaving it a collective, where R -> S is local. Mesh dims of size 1 stay R: their
- * placement never changes which data a rank holds. (The optimality test searches without these limits.) */
+ * may serve as an intermediate shard dim. A mesh dim offers Partial with the op of its source or target
+ * (changing ops is refused before the search), else sum: a shard enters it locally (the embed), which frees an
+ * inner split that blocks a collective on an outer mesh dim, and a reduce-scatter leaves it. Mesh dims of size 1
+ * stay R: their placement never changes which data a rank holds. (The optimality test searches without these
+ * limits.) */
 typedef struct {
   const dtl_layout *geom;
   const dtl_cost_model *cost;
@@ -82,6 +100,7 @@ typedef struct {
   const dtl_placement *src_pl;
   bool cross, reduce_only;
   bool scatter_first; /* a Partial may be all-reduced only where no reduce-scatter is legal (its result is smaller) */
+  bool reduce_whole;  /* Partials are all-reduced only: the reduced shard is the source's box, whatever the split */
   int goal, rounds;
   int64_t xmin;
 } dtl__space;
@@ -127,7 +146,8 @@ static void dtl__decode(const dtl__space *s, int idx, dtl_placement *pl) {
 /* --- A* ---------------------------------------------------------------------------------------------- */
 
 /* A lower bound on the cost still to pay from pl: every mesh dim whose placement is S or P and differs
- * from the target must leave it, and only a collective on that dim can (S and P have no local exit),
+ * from the target must leave it, and only a collective on that dim can (S and P have no local exit but S -> P,
+ * which is free of this term where the target is that P; elsewhere leaving the P is a collective again),
  * which costs at least (p-1 rounds + the call) x the alpha of that dim's link class. Steps on different mesh dims are different steps,
  * so the bounds add up; a step changes one term by at most its own cost (both are capped at
  * DTL__STEP_COST_CAP_PS), so the bound is consistent and the first label of the target taken from the
@@ -157,6 +177,7 @@ static int64_t dtl__perdim_bound(const dtl__space *s, const dtl_placement *pl, c
   for (int m = 0; m < s->M; m++) {
     int p = s->geom->mesh->shape[m];
     if (p == 1 || pl[m].kind == DTL_REPLICATE || dtl__code(s, pl[m]) == dtl__code(s, dst[m])) continue;
+    if (pl[m].kind == DTL_SHARD && dst[m].kind == DTL_PARTIAL && dst[m].op != DTL_AVG) continue; /* a local embed */
     /* One picosecond under the floor, so that the step prices (rounded to the nearest picosecond from a
      * slightly different floating-point expression) can never fall below it. */
     bound += dtl__call_floor_ps(s, m);
@@ -185,12 +206,14 @@ static int64_t dtl__perdim_bound(const dtl__space *s, const dtl_placement *pl, c
  * overflow. */
 typedef struct {
   int64_t cost;
+  uint64_t bytes;           /* sent over all ranks so far: the tie-break between equal costs */
   int steps, state, parent; /* parent: the label this one extends, -1 for the start */
   bool via;                 /* reached by the exchange */
 } dtl__label;
 
 typedef struct {
   int64_t f; /* cost so far + bound */
+  uint64_t bytes;
   int steps, state, label;
 } dtl__hnode;
 
@@ -201,6 +224,7 @@ typedef struct {
 
 static bool dtl__hless(dtl__hnode x, dtl__hnode y) {
   if (x.f != y.f) return x.f < y.f;
+  if (x.bytes != y.bytes) return x.bytes < y.bytes;
   if (x.steps != y.steps) return x.steps < y.steps;
   if (x.state != y.state) return x.state < y.state;
   return x.label < y.label;
@@ -256,10 +280,12 @@ static bool dtl__exchange_from(const dtl__space *s, const dtl_placement *pl) {
   return true;
 }
 
-static int64_t dtl__exchange_price(const dtl__space *s, const dtl_placement *pl) {
+/* The exchange's cost from pl, and (total may be NULL) the bytes it moves over all ranks. */
+static int64_t dtl__exchange_price(const dtl__space *s, const dtl_placement *pl, uint64_t *total) {
   dtl__xvolume v;
   dtl__xmap_source(s->xm, pl);
   dtl__xmap_volume_max(s->xm, &v);
+  if (total) *total = v.total;
   return dtl__exchange_cost_ps(s->cost, &v, s->rounds);
 }
 
@@ -287,14 +313,29 @@ static int dtl__scatter_dim(const dtl__space *s, const dtl_placement *pl, int m)
   return best;
 }
 
+/* A route's price: its cost, then (between equal costs) the bytes it sends over all ranks, so that of two routes
+ * whose slowest ranks take equally long the one that moves less in all wins (e.g. slicing a replicated dim before
+ * a reduce-scatter, so that ranks without data send nothing). */
+typedef struct {
+  int64_t ps;
+  uint64_t bytes;
+} dtl__price;
+
+static int dtl__price_cmp(dtl__price x, dtl__price y) {
+  if (x.ps != y.ps) return x.ps < y.ps ? -1 : 1;
+  return x.bytes < y.bytes ? -1 : x.bytes > y.bytes;
+}
+
+static uint64_t dtl__sat_addu(uint64_t a, uint64_t b) { return a > UINT64_MAX - b ? UINT64_MAX : a + b; }
+
 /* Per state, what makes a new label redundant: the fewest steps of a label already expanded (every later
  * label of the state is at least as dear), and two labels already queued, the cheapest (with its steps)
- * and the shortest (with its cost). The limited search checks against both queued labels, which misses
+ * and the shortest (with its price). The limited search checks against both queued labels, which misses
  * some dominated labels (costing time, never a route); the one-label search against the cheapest. */
 enum { DTL__NO_STEPS = 1 << 30 };
 typedef struct {
   int expanded_steps; /* DTL__NO_STEPS: none expanded yet */
-  int64_t cheap_cost, short_cost;
+  dtl__price cheap, shortest;
   int cheap_steps, short_steps; /* DTL__NO_STEPS: none queued yet */
 } dtl__seen;
 
@@ -308,23 +349,24 @@ typedef struct {
   dtl__heap h;
 } dtl__search_state;
 
-/* Queues the label (cost, steps, state, parent, via) unless a label of its state makes it redundant: 0, or -1
+/* Queues the label (price, steps, state, parent, via) unless a label of its state makes it redundant: 0, or -1
  * when out of memory, or 1 when the one-label search would queue a label longer than the limit. */
-static int dtl__offer(dtl__search_state *S, int64_t cost, int64_t bound, int steps, int state, int parent, bool via) {
+static int dtl__offer(dtl__search_state *S, dtl__price c, int64_t bound, int steps, int state, int parent, bool via) {
   dtl__seen *v = &S->seen[state];
-  bool redundant = S->limited ? v->expanded_steps <= steps || (v->cheap_cost <= cost && v->cheap_steps <= steps) ||
-                                    (v->short_cost <= cost && v->short_steps <= steps)
-                              : v->expanded_steps != DTL__NO_STEPS ||
-                                    (v->cheap_steps != DTL__NO_STEPS &&
-                                     (v->cheap_cost < cost || (v->cheap_cost == cost && v->cheap_steps <= steps)));
+  int vs_cheap = v->cheap_steps == DTL__NO_STEPS ? 1 : dtl__price_cmp(v->cheap, c);
+  bool redundant = S->limited ? v->expanded_steps <= steps || (vs_cheap <= 0 && v->cheap_steps <= steps) ||
+                                    (v->short_steps != DTL__NO_STEPS && dtl__price_cmp(v->shortest, c) <= 0 &&
+                                     v->short_steps <= steps)
+                              : v->expanded_steps != DTL__NO_STEPS || vs_cheap < 0 ||
+                                    (vs_cheap == 0 && v->cheap_steps <= steps);
   if (redundant) return 0;
   if (steps > DTL__MAX_PLAN_STEPS) return 1; /* never in the limited search: it does not expand such labels */
-  if (v->cheap_steps == DTL__NO_STEPS || cost < v->cheap_cost || (cost == v->cheap_cost && steps < v->cheap_steps))
-    v->cheap_cost = cost, v->cheap_steps = steps;
-  if (steps < v->short_steps || (steps == v->short_steps && cost < v->short_cost)) v->short_cost = cost, v->short_steps = steps;
+  if (vs_cheap > 0 || (vs_cheap == 0 && steps < v->cheap_steps)) v->cheap = c, v->cheap_steps = steps;
+  if (steps < v->short_steps || (steps == v->short_steps && dtl__price_cmp(c, v->shortest) < 0))
+    v->shortest = c, v->short_steps = steps;
   if (!dtl__grow((void **)&S->a, &S->cap, S->n, sizeof *S->a)) return -1;
-  S->a[S->n] = (dtl__label){cost, steps, state, parent, via};
-  return dtl__hpush(&S->h, (dtl__hnode){cost + bound, steps, state, S->n++}) ? 0 : -1;
+  S->a[S->n] = (dtl__label){c.ps, c.bytes, steps, state, parent, via};
+  return dtl__hpush(&S->h, (dtl__hnode){c.ps + bound, c.bytes, steps, state, S->n++}) ? 0 : -1;
 }
 
 /* One search from `from` to `to` (see above): the target's label, or -1 out of memory, or -2 when the
@@ -334,17 +376,17 @@ static int dtl__search_run(dtl__search_state *S, int from, int to) {
   dtl_placement target[DTL_MAX_MESH_DIMS], pl[DTL_MAX_MESH_DIMS], nx[DTL_MAX_MESH_DIMS];
   if (to < s->nstates) dtl__decode(s, to, target);
   else dtl__decode(s, from, target); /* the goal on another mesh: only the exchange bound applies */
-  for (int i = 0; i < S->nseen; i++) S->seen[i] = (dtl__seen){DTL__NO_STEPS, 0, 0, DTL__NO_STEPS, DTL__NO_STEPS};
+  for (int i = 0; i < S->nseen; i++) S->seen[i] = (dtl__seen){DTL__NO_STEPS, {0, 0}, {0, 0}, DTL__NO_STEPS, DTL__NO_STEPS};
   S->n = S->h.n = 0;
   dtl__decode(s, from, pl);
-  if (dtl__offer(S, 0, dtl__remaining_bound(s, pl, target), 0, from, -1, false) < 0) return -1;
+  if (dtl__offer(S, (dtl__price){0, 0}, dtl__remaining_bound(s, pl, target), 0, from, -1, false) < 0) return -1;
   while (S->h.n > 0) {
     dtl__hnode u = dtl__hpop(&S->h);
     int *expanded = &S->seen[u.state].expanded_steps;
     if (S->limited ? *expanded <= u.steps : *expanded != DTL__NO_STEPS) continue;
     *expanded = u.steps;
     if (u.state == to) return u.label;
-    int64_t g = S->a[u.label].cost;
+    dtl__price g = {S->a[u.label].cost, S->a[u.label].bytes};
     dtl__decode(s, u.state, pl);
     for (int m = 0; m < s->M; m++) {
       int p = s->geom->mesh->shape[m];
@@ -357,6 +399,7 @@ static int dtl__search_run(dtl__search_state *S, int from, int to) {
         dtl__step_kind kind;
         if (!dtl__step_legal(s->geom->mesh, pl, m, q, &kind)) continue;
         if (S->limited && u.steps == DTL__MAX_PLAN_STEPS) continue;
+        if (s->reduce_whole && kind == DTL__STEP_REDUCE_SCATTER) continue;
         if (s->scatter_first && kind == DTL__STEP_ALL_REDUCE && dtl__scatter_dim(s, pl, m) >= 0) continue;
         if (s->scatter_first && kind == DTL__STEP_REDUCE_SCATTER && q.dim != dtl__scatter_dim(s, pl, m)) continue;
         memcpy(nx, pl, sizeof nx);
@@ -365,7 +408,8 @@ static int dtl__search_run(dtl__search_state *S, int from, int to) {
         if (S->limited ? ve <= u.steps + 1 : ve != DTL__NO_STEPS) continue; /* before pricing the step */
         dtl__step_volume vol;
         dtl__step_volume_max(s->geom, kind, m, pl, nx, &vol);
-        int64_t c = g + dtl__step_cost_ps(s->cost, kind, p, &vol, s->geom->mesh->dim_inter[m]);
+        dtl__price c = {g.ps + dtl__step_cost_ps(s->cost, kind, p, &vol, s->geom->mesh->dim_inter[m]),
+                        dtl__sat_addu(g.bytes, dtl__step_volume_total(s->geom, kind, m, pl, nx))};
         int r = dtl__offer(S, c, dtl__remaining_bound(s, nx, target), u.steps + 1, v, u.label, false);
         if (r) return r < 0 ? -1 : -2;
       }
@@ -374,7 +418,9 @@ static int dtl__search_run(dtl__search_state *S, int from, int to) {
     int ve = S->seen[to].expanded_steps;
     if (s->xm && !(S->limited ? ve <= u.steps + 1 || u.steps == DTL__MAX_PLAN_STEPS : ve != DTL__NO_STEPS) &&
         dtl__exchange_from(s, pl)) {
-      int r = dtl__offer(S, g + dtl__exchange_price(s, pl), 0, u.steps + 1, to, u.label, true);
+      uint64_t total = 0;
+      dtl__price c = {g.ps + dtl__exchange_price(s, pl, &total), dtl__sat_addu(g.bytes, total)};
+      int r = dtl__offer(S, c, 0, u.steps + 1, to, u.label, true);
       if (r) return r < 0 ? -1 : -2;
     }
   }
@@ -424,11 +470,11 @@ static void dtl__placement_text(dtl_placement p, char *buf, size_t cap) {
   if (dtl_placements_format(&p, 1, buf, cap) != DTL_OK) snprintf(buf, cap, "?");
 }
 
-/* Shard -> Partial and Partial(a) -> Partial(b) have no step of their own. Both could be reached through
- * R (an all-gather or an all-reduce, then a local relabeling), but that spends a collective only to throw
- * most of its result away again (sum/prod keep it on one coordinate), so dtl refuses instead of inserting
- * it silently and says what to ask for. Mesh dims of size 1 are exempt: there every placement is the same
- * data. */
+/* Shard -> Partial(avg) and Partial(a) -> Partial(b) have no step of their own (Shard -> Partial of another op is
+ * a local step: the shard in its op's identity). Both could be reached through R (an all-gather or an all-reduce,
+ * then a local relabeling), but that spends a collective only to throw most of its result away again, so dtl
+ * refuses instead of inserting it silently and says what to ask for. Mesh dims of size 1 are exempt: there every
+ * placement is the same data. */
 static dtl_status dtl__check_supported(const char *fn, const dtl_layout *src, const dtl_layout *dst) {
   for (int m = 0; m < src->mesh->ndim; m++) {
     if (src->mesh->shape[m] == 1) continue;
@@ -436,11 +482,11 @@ static dtl_status dtl__check_supported(const char *fn, const dtl_layout *src, co
     char ta[16], tb[16];
     dtl__placement_text(a, ta, sizeof ta);
     dtl__placement_text(b, tb, sizeof tb);
-    if (a.kind == DTL_SHARD && b.kind == DTL_PARTIAL)
+    if (a.kind == DTL_SHARD && b.kind == DTL_PARTIAL && b.op == DTL_AVG)
       return dtl__error_fn(DTL_ERR_UNSUPPORTED, fn,
-                           "mesh dim %d: %s -> %s is unsupported: a Partial is only made from replicated data, so this "
-                           "would all-gather the shard and then discard it on all but one coordinate; ask for R on "
-                           "mesh dim %d (or redistribute to R first, then to %s)",
+                           "mesh dim %d: %s -> %s is unsupported: a shard becomes a Partial by filling the rest of the "
+                           "group's extent with the op's identity, and avg has none (the fill would count towards the "
+                           "mean); ask for P(sum) or R on mesh dim %d (or redistribute to R first, then to %s)",
                            m, ta, tb, m, tb);
     if (a.kind == DTL_PARTIAL && b.kind == DTL_PARTIAL && a.op != b.op)
       return dtl__error_fn(DTL_ERR_UNSUPPORTED, fn,
@@ -491,8 +537,8 @@ static int dtl__rounds_of(int64_t ext, int64_t rows) {
 
 /* The plan of route path[0..len) (its last step the exchange when via), with the exchange in rounds of xrows. */
 static dtl_status dtl__plan_build(const char *fn, const dtl__space *s, const dtl_layout *src, const dtl_layout *dst,
-                                  const int *path, int len, bool via, int64_t xrows, size_t limit, size_t chunk,
-                                  dtl_plan **out) {
+                                  const int *path, int len, bool via, int64_t xrows, bool fine, size_t limit,
+                                  size_t chunk, dtl_plan **out) {
   const dtl_mesh *mesh = src->mesh;
   dtl_plan *p = dtl__calloc(1, sizeof *p);
   if (!p) return dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory");
@@ -506,6 +552,11 @@ static dtl_status dtl__plan_build(const char *fn, const dtl__space *s, const dtl
     if (src->shape[d] > 1) p->xdim = d;
   p->xrows = p->xdim < 0 ? 1 : xrows < src->shape[p->xdim] ? xrows : src->shape[p->xdim];
   p->xrounds = p->xdim < 0 ? 1 : dtl__rounds_of(src->shape[p->xdim], p->xrows);
+  if (fine) { /* the caller checked that the count of fine rounds fits an int */
+    p->xfine = true;
+    p->xrows = 1;
+    p->xrounds = s->rounds;
+  }
   int64_t total_ps = 0;
   /* The search kept size-1 mesh dims at R; the step vectors carry the target's placement there (on another mesh:
    * the source's), so the last step ends exactly at dst. Boxes do not change: a split in 1 is the whole dim. */
@@ -563,11 +614,11 @@ static dtl_status dtl__plan_build(const char *fn, const dtl__space *s, const dtl
 
 /* The cheapest route of s from src to its goal, as a plan with the exchange (if any) in rounds of xrows. */
 static dtl_status dtl__plan_route(const char *fn, const dtl__space *s, const dtl_layout *src, const dtl_layout *dst,
-                                  int64_t xrows, size_t limit, size_t chunk, dtl_plan **out) {
+                                  int64_t xrows, bool fine, size_t limit, size_t chunk, dtl_plan **out) {
   int path[DTL__MAX_PLAN_STEPS + 1], len = 0;
   bool via = false;
   DTL_TRY(dtl__search(fn, s, dtl__encode(s, src->placements), s->goal, path, &len, &via));
-  return dtl__plan_build(fn, s, src, dst, path, len, via, xrows, limit, chunk, out);
+  return dtl__plan_build(fn, s, src, dst, path, len, via, xrows, fine, limit, chunk, out);
 }
 
 /* The bounded family: reductions and one exchange (s set up for it), with pack passes in chunks of `chunk` bytes,
@@ -585,7 +636,7 @@ static dtl_status dtl__plan_bounded(const char *fn, dtl__space *s, const dtl_lay
     dtl_plan_destroy(q);
     q = NULL;
     s->rounds = dtl__rounds_of(ext, rows);
-    st = dtl__plan_route(fn, s, src, dst, rows, limit, chunk, &q);
+    st = dtl__plan_route(fn, s, src, dst, rows, false, limit, chunk, &q);
     if (st == DTL_OK) st = dtl__plan_fits(fn, q, limit, fits, worst);
     if (st != DTL_OK || *fits || rows <= 1 || dtl__rounds_of(ext, (rows + 1) / 2) == INT_MAX ||
         q->steps[q->nsteps - 1].kind != DTL__STEP_EXCHANGE) {
@@ -600,7 +651,7 @@ static dtl_status dtl__plan_bounded(const char *fn, dtl__space *s, const dtl_lay
     bool rfits = false;
     size_t rworst = 0;
     s->rounds = dtl__rounds_of(ext, rows);
-    st = dtl__plan_route(fn, s, src, dst, rows, limit, chunk, &r);
+    st = dtl__plan_route(fn, s, src, dst, rows, false, limit, chunk, &r);
     if (st == DTL_OK) st = dtl__plan_fits(fn, r, limit, &rfits, &rworst);
     if (st == DTL_OK && rfits) {
       dtl_plan_destroy(q);
@@ -649,8 +700,10 @@ dtl_status dtl__plan_create(const char *fn, const dtl_layout *src, const dtl_lay
   dtl__space s = {.geom = src, .cost = &cost, .M = mesh->ndim, .nd = src->ndim, .K = src->ndim + 2, .nstates = 1};
   for (int m = 0; m < s.M; m++) {
     dtl_placement a = src->placements[m], b = cross ? dtl_replicate() : dst->placements[m];
-    s.has_p[m] = a.kind == DTL_PARTIAL || b.kind == DTL_PARTIAL;
-    s.op[m] = a.kind == DTL_PARTIAL ? a.op : b.op;
+    /* Partial with the op of the source or the target there, else sum: from a shard it is a local embed, which can
+     * undo an inner split that a collective could not reach yet (the reduce-scatter out of it redistributes). */
+    s.has_p[m] = true;
+    s.op[m] = a.kind == DTL_PARTIAL ? a.op : b.kind == DTL_PARTIAL ? b.op : DTL_SUM;
     s.nstates *= s.K;
     s.of[m][0] = dtl_replicate();
     for (int d = 0; d < s.nd; d++) s.of[m][1 + d] = dtl_shard(d);
@@ -670,7 +723,7 @@ dtl_status dtl__plan_create(const char *fn, const dtl_layout *src, const dtl_lay
   s.goal = cross ? s.nstates : dtl__encode(&s, dst->placements);
   bool pfree = true;
   for (int m = 0; m < s.M; m++) pfree &= mesh->shape[m] == 1 || src->placements[m].kind != DTL_PARTIAL;
-  s.xmin = pfree && s.xm ? dtl__exchange_price(&s, src->placements) : 0;
+  s.xmin = pfree && s.xm ? dtl__exchange_price(&s, src->placements, NULL) : 0;
 
   /* The cheapest route; if it does not fit, the bounded family, first with the executor's own pack chunking, then
    * reduce-scatters before all-reduces and pack passes one row at a time; the first that fits, else the closest. */
@@ -680,7 +733,7 @@ dtl_status dtl__plan_create(const char *fn, const dtl_layout *src, const dtl_lay
   int path[DTL__MAX_PLAN_STEPS + 1], len = 0;
   bool via = false;
   dtl_status st = dtl__search(fn, &s, dtl__encode(&s, src->placements), s.goal, path, &len, &via);
-  if (st == DTL_OK) st = dtl__plan_build(fn, &s, src, dst, path, len, via, INT64_MAX, limit, 0, &p);
+  if (st == DTL_OK) st = dtl__plan_build(fn, &s, src, dst, path, len, via, INT64_MAX, false, limit, 0, &p);
   /* A plan of at most one step fits the default bound by construction (an exchange's modes, a collective's one
    * pack or receive region, a local copy: compile.c), except a chunked all-to-all on very uneven shards; other plans,
    * and every plan under a limit, are checked on every rank. */
@@ -688,23 +741,53 @@ dtl_status dtl__plan_create(const char *fn, const dtl_layout *src, const dtl_lay
     fits = true;
   else if (st == DTL_OK)
     st = dtl__plan_fits(fn, p, limit, &fits, &worst);
+  /* The cheapest route, for explain when the bound turns it down. */
+  double cost0 = st == DTL_OK ? p->total_cost_s : 0;
+  int calls0 = st == DTL_OK ? dtl_plan_num_collectives(p) : 0;
+  size_t worst0 = worst;
   /* The same route with its pack and unpack passes in smaller chunks (halved down to one row), when that is what
    * holds it back (its intermediate shards themselves fit). */
   for (size_t chunk = (size_t)1 << 20; st == DTL_OK && !fits && chunk >= 1; chunk /= 2) {
     bool qfits = false;
     size_t qworst = 0;
-    st = dtl__plan_build(fn, &s, src, dst, path, len, via, INT64_MAX, limit, chunk, &q);
+    st = dtl__plan_build(fn, &s, src, dst, path, len, via, INT64_MAX, false, limit, chunk, &q);
     if (st == DTL_OK) st = dtl__plan_fits(fn, q, limit, &qfits, &qworst);
     dtl__keep(&p, &fits, &worst, st == DTL_OK && qfits, q, qfits, qworst);
     q = NULL;
   }
-  for (int tier = 0; tier < 2 && st == DTL_OK && !fits && s.xm; tier++) {
+  /* Tiers: the cheapest reductions; reduce-scatters onto the largest pieces, pack passes one row at a time; only
+   * all-reduces, whose output is the source's box (a reduce-scatter onto a dim of small extent can leave one rank
+   * more than its source holds, with its pack region beside it). */
+  for (int tier = 0; tier < 3 && st == DTL_OK && !fits && s.xm; tier++) {
     bool qfits = false;
     size_t qworst = 0;
     s.reduce_only = true;
     s.scatter_first = tier == 1;
-    st = dtl__plan_bounded(fn, &s, src, dst, limit, tier == 1 ? 1 : 0, &q, &qfits, &qworst);
+    s.reduce_whole = tier == 2;
+    st = dtl__plan_bounded(fn, &s, src, dst, limit, tier >= 1 ? 1 : 0, &q, &qfits, &qworst);
     dtl__keep(&p, &fits, &worst, st == DTL_OK && (qfits || qworst < worst), q, qfits, qworst);
+    q = NULL;
+  }
+  /* The last resort: all-reduces, then the exchange one row at a time (one index of every dim but the last), where
+   * every piece is a run, so nothing is packed: the reduced shard (the source's box) and the target are all it needs,
+   * which fits the default bound by construction. Priced like any plan: alpha per round. */
+  uint64_t fine_rounds = 1;
+  for (int d = 0; d + 1 < src->ndim && fine_rounds <= INT_MAX; d++) /* both factors <= INT_MAX: no overflow */
+    fine_rounds = src->shape[d] > INT_MAX ? (uint64_t)INT_MAX + 1 : fine_rounds * (uint64_t)src->shape[d];
+  if (st == DTL_OK && !fits && s.xm && src->ndim >= 3 && fine_rounds > 1 && fine_rounds <= INT_MAX) {
+    bool qfits = false;
+    size_t qworst = 0;
+    s.reduce_only = s.reduce_whole = true;
+    s.scatter_first = false;
+    s.rounds = (int)fine_rounds;
+    st = dtl__plan_route(fn, &s, src, dst, 1, true, limit, 1, &q);
+    if (st == DTL_OK && q->steps[q->nsteps - 1].kind != DTL__STEP_EXCHANGE) {
+      dtl_plan_destroy(q); /* no exchange: the rounds change nothing */
+      q = NULL;
+    } else if (st == DTL_OK) {
+      st = dtl__plan_fits(fn, q, limit, &qfits, &qworst);
+    }
+    dtl__keep(&p, &fits, &worst, st == DTL_OK && q && (qfits || qworst < worst), q, qfits, qworst);
     q = NULL;
   }
   if (st == DTL_OK && !fits && limit != SIZE_MAX)
@@ -715,6 +798,11 @@ dtl_status dtl__plan_create(const char *fn, const dtl_layout *src, const dtl_lay
   if (st != DTL_OK) {
     dtl_plan_destroy(p);
     return st;
+  }
+  if (limit == SIZE_MAX && p->total_cost_s > cost0) {
+    p->unbounded_cost_s = cost0;
+    p->unbounded_collectives = calls0;
+    p->unbounded_scratch = worst0;
   }
   DTL_LOG(DTL_LOG_DEBUG, "plan", "%s: %d steps, est %.3g s", fn, p->nsteps, p->total_cost_s);
   *out = p;

@@ -259,7 +259,7 @@ static dtl_status dtl__reduce_scatter_part(const dtl__ex_ctx *x, const dtl__ex_s
 int dtl__ex_parts(const dtl__ex_step *e, dtl_comm *c, const void *in, const void *out) {
   switch (e->op) {
     case EX_NONE: return 0;
-    case EX_FILL: case EX_SLICE: return 1;
+    case EX_FILL: case EX_SLICE: case EX_EMBED: return 1;
     case EX_ALL_REDUCE: return e->a ? 1 : 0;
     case EX_GATHER: return dtl__gather_parts(e);
     case EX_REDUCE_SCATTER: return dtl__reduce_scatter_parts(e);
@@ -280,6 +280,14 @@ dtl_status dtl__ex_part_start(const dtl__ex_ctx *x, const dtl__ex_step *e, dtl_c
       int64_t rel[DTL_MAX_TENSOR_DIMS];
       for (int d = 0; d < x->nd; d++) rel[d] = e->out_off[d] - e->in_off[d];
       dtl__box_copy b = dtl__ex_box(x->nd, x->es, e->out_shape, e->in_shape, rel, e->out_shape, NULL);
+      return dtl__mem_copy_box(&c->mem, in, out, &b);
+    }
+    case EX_EMBED: {
+      int64_t rel[DTL_MAX_TENSOR_DIMS];
+      for (int d = 0; d < x->nd; d++) rel[d] = e->in_off[d] - e->out_off[d];
+      DTL_TRY(dtl__mem_fill_identity(&c->mem, out, e->b, x->t, e->rop));
+      if (e->a == 0) return DTL_OK;
+      dtl__box_copy b = dtl__ex_box(x->nd, x->es, e->in_shape, e->in_shape, NULL, e->out_shape, rel);
       return dtl__mem_copy_box(&c->mem, in, out, &b);
     }
     case EX_ALL_REDUCE: return dtl__all_reduce(c, in, out, e->a, x->t, e->rop, req);

@@ -212,6 +212,7 @@ void dtl__xmap_volume_max(const dtl__xmap *x, dtl__xvolume *out) {
       speers[h]++;
       if (!out->inter && dtl__mesh_node(x->sm, h) != dtl__mesh_node(x->dm, q)) out->inter = true;
     }
+    out->total += recv;
     if (recv > out->recv) out->recv = recv;
     if (self > out->self) out->self = self;
     if (peers > out->recv_peers) out->recv_peers = peers;
@@ -223,4 +224,5 @@ void dtl__xmap_volume_max(const dtl__xmap *x, dtl__xvolume *out) {
   out->send *= x->es;
   out->recv *= x->es;
   out->self *= x->es;
+  out->total *= x->es;
 }

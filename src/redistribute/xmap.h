@@ -68,6 +68,8 @@ typedef struct {
    * goes between two nodes (it then pays the inter-node link class). */
   uint64_t send_remote;
   bool inter;
+  /* _max: the bytes that every rank together receives (the exchange's total on the wire); _at: 0. */
+  uint64_t total;
 } dtl__xvolume;
 
 /* The volume of the rank that is source mesh rank r and target mesh rank q (either -1 outside that mesh). */

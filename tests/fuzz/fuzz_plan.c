@@ -3,7 +3,8 @@
  * dims, small or huge), two placement vectors, a cost model (each field absent, an extreme value or raw
  * bits, NaN and negatives included) and sometimes DTL_PLAN_TUNE text. dtl_plan_create must answer OK,
  * DTL_ERR_UNSUPPORTED or DTL_ERR_INVALID_ARGUMENT (never DTL_ERR_INTERNAL), with a safe message naming the
- * call; a plan has at most 16 steps, is deterministic (planning again explains the same text), and its
+ * call; a plan has at most 16 steps, keeps its scratch within the larger local end at the coordinate, is
+ * deterministic (planning again explains the same text), and its
  * explain text needs exactly dtl_plan_explain_needed bytes: one byte less is refused with nothing written. */
 #include <float.h>
 #include <math.h>
@@ -83,6 +84,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       int steps = dtl_plan_num_steps(p), colls = dtl_plan_num_collectives(p);
       FZ_CHECK(steps >= 0 && steps <= 16 && colls >= 0 && colls <= steps, "%d steps, %d collectives", steps, colls);
       FZ_CHECK(dtl_plan_cost(p) >= 0 && isfinite(dtl_plan_cost(p)), "cost %g", dtl_plan_cost(p));
+      /* The scratch bound (plan.h, Memory: meshes of at most 1024 ranks, which these are), at the coordinate. */
+      size_t es = dtl_dtype_size(t), ia = dtl_layout_local_count(src) * es, ib = dtl_layout_local_count(dst) * es;
+      FZ_CHECK(dtl_plan_scratch_bytes(p) <= (ia > ib ? ia : ib), "scratch %zu > max(src %zu, dst %zu)",
+               dtl_plan_scratch_bytes(p), ia, ib);
       char *text = explain(p);
       FZ_CHECK((c ? dtl_plan_create_with_cost(src, dst, c, &again) : dtl_plan_create(src, dst, &again)) == DTL_OK,
                "planning again failed: %s", dtl_last_error());

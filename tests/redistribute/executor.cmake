@@ -9,3 +9,5 @@ dtl_mpi_test(test_redistribute_errors SOURCES test_redistribute_errors.c test_re
 dtl_mpi_test(test_redistribute_meshes SOURCES test_redistribute_meshes.c test_redistribute_util.c NP 1 2 3 4 5 6 8)
 # Compiled plans: repeated executions allocate nothing; the caller's-workspace form and its rules.
 dtl_mpi_test(test_executor_allocs SOURCES test_executor_allocs.c NP 1 2 3 4)
+# The scratch bound between two meshes: the issue's cases and random pairs over random meshes, every rank (planning).
+dtl_mpi_test(test_plan_scratch_meshes SOURCES test_plan_scratch_meshes.c NP 3 8)

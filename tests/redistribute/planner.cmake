@@ -5,6 +5,7 @@ dtl_unit_test(test_planner_dtensor SOURCES test_planner_dtensor.c)
 dtl_unit_test(test_planner_errors SOURCES test_planner_errors.c)
 dtl_unit_test(test_planner_explain SOURCES test_planner_explain.c)
 dtl_unit_test(test_planner_limits SOURCES test_planner_limits.c)
+dtl_unit_test(test_planner_scratch SOURCES test_planner_scratch.c)
 
 # The `dtl` tool: each case runs it through sh, appends "exit=<status>" to its output, and matches the
 # whole output, so the regular expression checks the text and the exit status together (0 done, 1 the
@@ -17,7 +18,9 @@ dtl_tool_case(dtl_tool_plan "^plan S\\(0\\),R -> R,S\\(1\\)  mesh 2x4  shape \\[
               plan --mesh 2x4 --shape 8,6 --dtype f32 --from S0,R --to R,S1)
 dtl_tool_case(dtl_tool_plan_coord_and_cost "\\(coordinate \\[1,3\\]\\)\ncost model  alpha 1e-05 s  beta 1e-09 s/B  local_beta 1e-10 s/B\n.*exit=0\n$"
               plan --mesh=2x4 --shape=8,6 --from=S0,R --to=R,S1 --coord 1,3 --alpha 1e-5 --beta 1e-9)
-dtl_tool_case(dtl_tool_plan_unsupported "dtl plan: DTL_ERR_UNSUPPORTED: .*mesh dim 0: S\\(0\\) -> P\\(sum\\) is unsupported.*\nexit=1\n$"
+dtl_tool_case(dtl_tool_plan_unsupported "dtl plan: DTL_ERR_UNSUPPORTED: .*mesh dim 0: S\\(0\\) -> P\\(avg\\) is unsupported.*\nexit=1\n$"
+              plan --mesh 2x4 --shape 8,6 --from S0,R --to P\(avg\),R)
+dtl_tool_case(dtl_tool_plan_shard_to_partial "step 1  mesh dim 0  local embed     S\\(0\\)->P\\(sum\\) tensor dim 0 .*total  1 step, 0 collectives.*exit=0\n$"
               plan --mesh 2x4 --shape 8,6 --from S0,R --to P,R)
 dtl_tool_case(dtl_tool_show "^f32\\[8,8\\] mesh=2x2 placements=S\\(0\\),S\\(1\\)\n.*\\[1,1\\] rank 3.*exit=0\n$"
               show --mesh 2x2 --shape 8,8 --dtype f32 S0,S1)

@@ -75,10 +75,11 @@ static inline bool tp_kind(dtl_placement a, dtl_placement b, dtl__step_kind *k) 
   static const int table[3][3] = {
       /* to:        R                      S                         P */
       /* R */ {-1, DTL__STEP_LOCAL_SLICE, DTL__STEP_LOCAL_PARTIAL},
-      /* S */ {DTL__STEP_ALL_GATHER, DTL__STEP_ALL_TO_ALL, -1},
+      /* S */ {DTL__STEP_ALL_GATHER, DTL__STEP_ALL_TO_ALL, DTL__STEP_LOCAL_EMBED},
       /* P */ {DTL__STEP_ALL_REDUCE, DTL__STEP_REDUCE_SCATTER, -1},
   };
   if (tp_same(a, b)) return false;
+  if (a.kind == DTL_SHARD && b.kind == DTL_PARTIAL && b.op == DTL_AVG) return false; /* avg has no identity to embed in */
   int v = table[a.kind][b.kind];
   if (v < 0) return false;
   *k = (dtl__step_kind)v;
@@ -102,6 +103,14 @@ static inline bool tp_legal(const dtl_mesh *m, const dtl_placement *pl, int md, 
     if (pl[md].kind == DTL_PARTIAL && !tp_reorderable(pl[md].op, pl[o].op)) return false;
     /* R -> P(prod) leaves 1s on the non-zero coordinates; a pending inner sum would add them up. */
     if (b.kind == DTL_PARTIAL && b.op == DTL_PROD && pl[o].op == DTL_SUM) return false;
+    /* S -> P(op) surrounds the shard with op's identity on every coordinate: an inner pending reduction must give
+     * that identity back (0 always; 1 unless summed; -inf/+inf only under max or min). */
+    if (pl[md].kind == DTL_SHARD && b.kind == DTL_PARTIAL) {
+      dtl_reduce_op o2 = pl[o].op;
+      bool keeps = b.op == DTL_SUM || (b.op == DTL_PROD && o2 != DTL_SUM) ||
+                   ((b.op == DTL_MAX || b.op == DTL_MIN) && (o2 == DTL_MAX || o2 == DTL_MIN));
+      if (!keeps) return false;
+    }
   }
   return true;
 }
@@ -112,6 +121,12 @@ static inline int64_t tp_step_ps(const dtl_layout *geom, const dtl_cost_model *c
   dtl__step_volume v;
   dtl__step_volume_max(geom, k, md, before, after, &v);
   return dtl__step_cost_ps(c, k, geom->mesh->shape[md], &v, geom->mesh->dim_inter[md]);
+}
+
+/* The bytes one step sends over all ranks, through the function the planner breaks ties with. */
+static inline uint64_t tp_step_bytes(const dtl_layout *geom, dtl__step_kind k, int md, const dtl_placement *before,
+                                     const dtl_placement *after) {
+  return dtl__step_volume_total(geom, k, md, before, after);
 }
 
 /* An exchange may start from pl: no Partial on a mesh dim of size > 1, and every such dim that src does not hold
@@ -126,16 +141,46 @@ static inline bool tp_exchange_from(const dtl_layout *src, const dtl_placement *
   return true;
 }
 
-/* The price of an exchange from pl to dst in `rounds`, through the cost function the planner uses. */
-static inline int64_t tp_exchange_ps(const dtl_layout *src, const dtl_layout *dst, const dtl_cost_model *c,
-                                     const dtl_placement *pl, int rounds) {
+/* The price of an exchange from pl to dst in `rounds`, through the cost function the planner uses; *bytes (may be
+ * NULL) gets what every target rank receives, summed rank by rank. */
+static inline int64_t tp_exchange_ps_bytes(const dtl_layout *src, const dtl_layout *dst, const dtl_cost_model *c,
+                                           const dtl_placement *pl, int rounds, uint64_t *bytes) {
   dtl__xmap x;
   if (dtl__xmap_init(&x, "test", src, src->mesh, dst->mesh, dst->placements) != DTL_OK) fail_msg("%s", dtl_last_error());
   dtl__xmap_source(&x, pl);
   dtl__xvolume v;
   dtl__xmap_volume_max(&x, &v);
+  if (bytes) {
+    *bytes = 0;
+    for (int q = 0; q < dst->mesh->size; q++) {
+      dtl__xvolume at;
+      dtl__xmap_volume_at(&x, src->mesh == dst->mesh ? q : dtl__xmap_d2s(&x, q), q, &at);
+      *bytes += at.recv;
+    }
+  }
   dtl__xmap_free(&x);
   return dtl__exchange_cost_ps(c, &v, rounds);
+}
+static inline int64_t tp_exchange_ps(const dtl_layout *src, const dtl_layout *dst, const dtl_cost_model *c,
+                                     const dtl_placement *pl, int rounds) {
+  return tp_exchange_ps_bytes(src, dst, c, pl, rounds, NULL);
+}
+
+/* The bytes plan p sends over all ranks, step by step (what the planner breaks ties between equal costs on). */
+static inline uint64_t tp_plan_bytes(const dtl_plan *p) {
+  uint64_t total = 0;
+  const dtl_placement *cur = p->src.placements;
+  for (int s = 0; s < p->nsteps; s++) {
+    const dtl__plan_step *st = &p->steps[s];
+    if (st->kind == DTL__STEP_EXCHANGE) {
+      uint64_t x = 0;
+      tp_exchange_ps_bytes(&p->src, &p->dst, &p->cost, cur, p->xrounds, &x);
+      return total + x;
+    }
+    total += tp_step_bytes(&p->src, st->kind, st->mesh_dim, st->before, st->after);
+    cur = st->after;
+  }
+  return total;
 }
 
 /* Checks that every step of p is legal under the restated rules, has the kind they say, chains from src to
@@ -189,11 +234,20 @@ typedef struct {
   int nalpha, depth;
   const dtl_placement *target;
   int64_t best;
+  uint64_t best_bytes;
   int best_len;
   int64_t *seen_cost; /* per placement vector */
+  uint64_t *seen_bytes;
   int *seen_left;
   long visited;
 } tp_brute;
+
+/* Whether (cost, bytes, len) beats the best so far: cheaper, then fewer bytes over all ranks, then fewer steps. */
+static inline bool tp_brute_better(const tp_brute *b, int64_t cost, uint64_t bytes, int len) {
+  if (cost != b->best) return cost < b->best;
+  if (bytes != b->best_bytes) return bytes < b->best_bytes;
+  return len < b->best_len;
+}
 
 static inline int tp_brute_index(const tp_brute *b, const dtl_placement *pl) {
   int idx = 0;
@@ -205,20 +259,23 @@ static inline int tp_brute_index(const tp_brute *b, const dtl_placement *pl) {
   return idx;
 }
 
-static inline void tp_brute_dfs(tp_brute *b, dtl_placement *pl, int len, int64_t cost) {
+static inline void tp_brute_dfs(tp_brute *b, dtl_placement *pl, int len, int64_t cost, uint64_t bytes) {
   const dtl_mesh *m = b->geom->mesh;
   b->visited++;
   bool at = true;
   for (int md = 0; md < m->ndim; md++) at &= m->shape[md] == 1 || tp_same(pl[md], b->target[md]);
-  if (at && (cost < b->best || (cost == b->best && len < b->best_len))) {
+  if (at && tp_brute_better(b, cost, bytes, len)) {
     b->best = cost;
+    b->best_bytes = bytes;
     b->best_len = len;
   }
   if (len == b->depth) return;
   if (tp_exchange_from(b->geom, pl)) { /* one exchange finishes the route */
-    int64_t c = cost + tp_exchange_ps(b->geom, b->dst, b->cost, pl, 1);
-    if (c < b->best || (c == b->best && len + 1 < b->best_len)) {
+    uint64_t xb = 0;
+    int64_t c = cost + tp_exchange_ps_bytes(b->geom, b->dst, b->cost, pl, 1, &xb);
+    if (tp_brute_better(b, c, bytes + xb, len + 1)) {
       b->best = c;
+      b->best_bytes = bytes + xb;
       b->best_len = len + 1;
     }
   }
@@ -230,40 +287,54 @@ static inline void tp_brute_dfs(tp_brute *b, dtl_placement *pl, int len, int64_t
       memcpy(nx, pl, sizeof nx);
       nx[md] = b->alpha[a];
       int64_t c = cost + tp_step_ps(b->geom, b->cost, k, md, pl, nx);
-      if (c > b->best) continue;
+      uint64_t y = bytes + tp_step_bytes(b->geom, k, md, pl, nx);
+      if (c > b->best || (c == b->best && y > b->best_bytes)) continue;
       int idx = tp_brute_index(b, nx), left = b->depth - len - 1;
-      if (b->seen_cost[idx] <= c && b->seen_left[idx] >= left) continue;
+      bool no_better = b->seen_cost[idx] < c || (b->seen_cost[idx] == c && b->seen_bytes[idx] <= y);
+      if (no_better && b->seen_left[idx] >= left) continue;
       b->seen_cost[idx] = c;
+      b->seen_bytes[idx] = y;
       b->seen_left[idx] = left;
-      tp_brute_dfs(b, nx, len + 1, c);
+      tp_brute_dfs(b, nx, len + 1, c, y);
     }
 }
 
 /* The cheapest price of any legal sequence of at most depth steps from src to dst over alpha (INT64_MAX if
- * none), and the fewest steps among the cheapest. */
-static inline int64_t tp_brute_force(const dtl_layout *src, const dtl_layout *dst, const dtl_cost_model *c,
-                                     const dtl_placement *alpha, int nalpha, int depth, int *len, long *visited) {
-  tp_brute b = {src, dst, c, alpha, nalpha, depth, dst->placements, INT64_MAX, 0, NULL, NULL, 0};
+ * none); among the cheapest, the fewest bytes over all ranks (*bytes, may be NULL), then the fewest steps (*len). */
+static inline int64_t tp_brute_force_bytes(const dtl_layout *src, const dtl_layout *dst, const dtl_cost_model *c,
+                                           const dtl_placement *alpha, int nalpha, int depth, int *len, uint64_t *bytes,
+                                           long *visited) {
+  tp_brute b = {src, dst, c, alpha, nalpha, depth, dst->placements, INT64_MAX, UINT64_MAX, 0, NULL, NULL, NULL, 0};
   int n = 1;
   for (int md = 0; md < src->mesh->ndim; md++) n *= nalpha + 1;
   b.seen_cost = malloc((size_t)n * sizeof *b.seen_cost);
+  b.seen_bytes = malloc((size_t)n * sizeof *b.seen_bytes);
   b.seen_left = malloc((size_t)n * sizeof *b.seen_left);
   assert_non_null(b.seen_cost);
+  assert_non_null(b.seen_bytes);
   assert_non_null(b.seen_left);
   for (int i = 0; i < n; i++) {
     b.seen_cost[i] = INT64_MAX;
+    b.seen_bytes[i] = UINT64_MAX;
     b.seen_left[i] = -1;
   }
   dtl_placement pl[DTL_MAX_MESH_DIMS];
   memcpy(pl, src->placements, sizeof pl);
   b.seen_cost[tp_brute_index(&b, pl)] = 0;
+  b.seen_bytes[tp_brute_index(&b, pl)] = 0;
   b.seen_left[tp_brute_index(&b, pl)] = depth;
-  tp_brute_dfs(&b, pl, 0, 0);
+  tp_brute_dfs(&b, pl, 0, 0, 0);
   free(b.seen_cost);
+  free(b.seen_bytes);
   free(b.seen_left);
   if (len) *len = b.best_len;
+  if (bytes) *bytes = b.best_bytes;
   if (visited) *visited += b.visited;
   return b.best;
+}
+static inline int64_t tp_brute_force(const dtl_layout *src, const dtl_layout *dst, const dtl_cost_model *c,
+                                     const dtl_placement *alpha, int nalpha, int depth, int *len, long *visited) {
+  return tp_brute_force_bytes(src, dst, c, alpha, nalpha, depth, len, NULL, visited);
 }
 
 #endif

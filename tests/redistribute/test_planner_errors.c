@@ -91,20 +91,40 @@ static void different_global_shapes_are_rejected(void **state) {
   dtl_layout_destroy(deeper);
 }
 
-static void shard_to_partial_is_unsupported_with_the_reason(void **state) {
+/* A shard becomes a Partial by a local embed in the op's identity; avg has none, so S -> P(avg) is refused. */
+static void shard_to_partial_avg_is_unsupported_with_the_reason(void **state) {
   fixture *f = *state;
-  dtl_layout *rp = tp_layout(f->mesh, DTL_FLOAT32, 2, (int64_t[]){8, 6}, "R,P");
+  dtl_layout *rp = tp_layout(f->mesh, DTL_FLOAT32, 2, (int64_t[]){8, 6}, "R,P(avg)");
   dtl_layout *s1s1 = tp_layout(f->mesh, DTL_FLOAT32, 2, (int64_t[]){8, 6}, "S1,S1");
-  dtl_layout *s1p = tp_layout(f->mesh, DTL_FLOAT32, 2, (int64_t[]){8, 6}, "S1,P(max)");
+  dtl_layout *s1p = tp_layout(f->mesh, DTL_FLOAT32, 2, (int64_t[]){8, 6}, "S1,P(avg)");
   dtl_plan *p = UNTOUCHED_PLAN;
   assert_int_equal(dtl_plan_create(f->rs1, rp, &p), DTL_ERR_UNSUPPORTED);
-  TP_EXPECT_MESSAGE("dtl_plan_create", "mesh dim 1: S(1) -> P(sum) is unsupported", "all-gather", "ask for R on mesh dim 1");
+  TP_EXPECT_MESSAGE("dtl_plan_create", "mesh dim 1: S(1) -> P(avg) is unsupported", "identity", "ask for P(sum) or R on mesh dim 1");
   assert_int_equal(dtl_plan_create(s1s1, s1p, &p), DTL_ERR_UNSUPPORTED);
-  TP_EXPECT_MESSAGE("mesh dim 1: S(1) -> P(max) is unsupported");
+  TP_EXPECT_MESSAGE("mesh dim 1: S(1) -> P(avg) is unsupported");
   assert_ptr_equal(p, UNTOUCHED_PLAN);
   dtl_layout_destroy(rp);
   dtl_layout_destroy(s1s1);
   dtl_layout_destroy(s1p);
+}
+
+/* S(d) -> P(op) is local (DTensor's Shard -> Partial fills the rest with zeros): no collective, and each rank's
+ * target spans the group's extent of d. */
+static void shard_to_partial_is_a_local_embed(void **state) {
+  fixture *f = *state;
+  static const char *ops[] = {"R,P(sum)", "R,P(max)", "R,P(prod)", "R,P(min)"};
+  for (int i = 0; i < 4; i++) {
+    dtl_layout *rp = tp_layout(f->mesh, DTL_FLOAT32, 2, (int64_t[]){8, 6}, ops[i]);
+    dtl_plan *p = NULL;
+    assert_int_equal(dtl_plan_create(f->rs1, rp, &p), DTL_OK);
+    assert_int_equal(dtl_plan_num_collectives(p), 0);
+    assert_int_equal(p->nsteps, 1);
+    assert_int_equal(p->steps[0].kind, DTL__STEP_LOCAL_EMBED);
+    assert_int_equal(p->steps[0].mesh_dim, 1);
+    assert_int_equal(dtl_plan_scratch_bytes(p), 0);
+    dtl_plan_destroy(p);
+    dtl_layout_destroy(rp);
+  }
 }
 
 static void changing_the_partial_op_is_unsupported_with_the_reason(void **state) {
@@ -253,7 +273,8 @@ int main(void) {
       cmocka_unit_test(layouts_on_different_meshes_are_rejected),
       cmocka_unit_test(different_dtypes_are_rejected),
       cmocka_unit_test(different_global_shapes_are_rejected),
-      cmocka_unit_test(shard_to_partial_is_unsupported_with_the_reason),
+      cmocka_unit_test(shard_to_partial_avg_is_unsupported_with_the_reason),
+      cmocka_unit_test(shard_to_partial_is_a_local_embed),
       cmocka_unit_test(changing_the_partial_op_is_unsupported_with_the_reason),
       cmocka_unit_test(unsupported_pairs_on_a_mesh_dim_of_size_one_are_relabelings),
       cmocka_unit_test(explain_into_a_small_buffer_names_the_size_needed_and_writes_nothing),

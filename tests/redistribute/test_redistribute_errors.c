@@ -67,16 +67,16 @@ static void mismatched_layout_pairs_are_rejected(void) {
   dtl_layout_destroy(other_shape);
 }
 
-/* unsupported_transitions_and_aliasing_are_rejected: S -> P and P(sum) -> P(max) have no route; the same
+/* unsupported_transitions_and_aliasing_are_rejected: S -> P(avg) and P(sum) -> P(max) have no route; the same
  * buffer for source and target is only allowed for a purely local plan. */
 static void unsupported_transitions_and_aliasing_are_rejected(void) {
   bufs b;
   dtl_layout *s0 = layout(m, DTL_INT32, N, 4, dtl_shard(0)), *r = layout(m, DTL_INT32, N, 4, dtl_replicate());
   dtl_layout *p = layout(m, DTL_FLOAT32, N, 4, dtl_partial(DTL_SUM)), *pm = layout(m, DTL_FLOAT32, N, 4, dtl_partial(DTL_MAX));
-  dtl_layout *ps = layout(m, DTL_INT32, N, 4, dtl_partial(DTL_SUM));
+  dtl_layout *ps = layout(m, DTL_FLOAT32, N, 4, dtl_partial(DTL_AVG)), *sf = layout(m, DTL_FLOAT32, N, 4, dtl_shard(0));
   arm(&b);
   if (size > 1) {
-    CHECK_ERROR(dtl_redistribute(s0, b.src, ps, b.dst), DTL_ERR_UNSUPPORTED, "unsupported");
+    CHECK_ERROR(dtl_redistribute(sf, b.src, ps, b.dst), DTL_ERR_UNSUPPORTED, "unsupported");
     CHECK_ERROR(dtl_redistribute(p, b.src, pm, b.dst), DTL_ERR_UNSUPPORTED, "unsupported");
     CHECK_ERROR(dtl_redistribute(s0, b.src, r, b.src), DTL_ERR_INVALID_ARGUMENT, "dst_local");
     CHECK(untouched(&b), "a rejected call wrote a buffer");
@@ -93,6 +93,7 @@ static void unsupported_transitions_and_aliasing_are_rejected(void) {
   dtl_layout_destroy(p);
   dtl_layout_destroy(pm);
   dtl_layout_destroy(ps);
+  dtl_layout_destroy(sf);
 }
 
 /* abstract_meshes_cannot_move_data */

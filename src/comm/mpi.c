@@ -21,6 +21,9 @@ typedef struct dtl__mpi_request dtl__mpi_request;
 /* A nonblocking call's request is kept for reuse once waited for, at most this many per communicator, so
  * that a steady stream of nonblocking calls allocates nothing. */
 #define DTL__MPI_POOL 8
+/* All of them are made with the communicator (dtl__comm_wrap_mpi): a plan's pipelined exchange round keeps up to 7
+ * in flight, a CP ring 1, so that no layer's first nonblocking transfer allocates. */
+#define DTL__MPI_POOL_RESERVED DTL__MPI_POOL
 
 /* Tags: user point-to-point 0, dtl's blocking algorithms 1, the sparse exchange 2 (its messages between two ranks
  * match in the order posted), each nonblocking collective start its own from 3 on (the starts come in the same
@@ -1310,7 +1313,20 @@ static dtl_status dtl__comm_wrap_mpi(MPI_Comm dup, const dtl__mpi *parent, dtl_c
   m->offs = (size_t *)(m->xfers + 2 * p);
   m->reqs = (MPI_Request *)(m->offs + 2 * p);
   m->counts = (int *)(m->reqs + 4 * p);
-  st = dtl__comm_new(&dtl__mpi_ops, dtl__mem_host(), rank, size, m, out);
+  /* The requests the layers keep in flight at once (a CP ring's transfer, a plan's parts), acquired now: a first
+   * nonblocking call then allocates nothing, so it cannot fail alone inside a collective layer (comm.h). */
+  for (int i = 0; i < DTL__MPI_POOL_RESERVED && st == DTL_OK; i++) {
+    dtl__mpi_request *r = dtl__malloc(dtl__mpi_request_size(size));
+    if (!r) {
+      st = dtl__error(DTL_ERR_OUT_OF_MEMORY, "dtl_comm_from_mpi: out of host memory");
+      break;
+    }
+    memset(r, 0, sizeof *r);
+    r->next = m->pool;
+    m->pool = r;
+    m->pooled++;
+  }
+  if (st == DTL_OK) st = dtl__comm_new(&dtl__mpi_ops, dtl__mem_host(), rank, size, m, out);
   if (st != DTL_OK) dtl__mpi_free(m);
   return st;
 }

@@ -78,9 +78,9 @@ DTL_API dtl_status dtl_comm_abort(dtl_comm *c);
 
 /* Deadlines. With a timeout of t > 0 seconds, every blocking call on c, and on what is built on it (its splits,
  * meshes, plans, TP contexts and layers, MoE layouts, CP contexts, and dtl_wait of its requests), waits for at
- * most about t seconds in each of its waits for the peers, polling the engine with back-off (it spins for
- * 100 us, then sleeps in steps that grow with the time waited, at most 1 ms, so a waiting rank leaves a shared
- * core to the ranks it waits for), and then returns DTL_ERR_TIMEOUT naming the operation, the communicator
+ * most about t seconds in each of its waits for the peers, polling the engine with back-off (for 10 ms it polls
+ * with sched_yield between polls, since MPI moves a transfer's bytes inside them; then it sleeps in steps that grow
+ * with the time waited, at most 1 ms, so a waiting rank leaves a shared core to the ranks it waits for), and then returns DTL_ERR_TIMEOUT naming the operation, the communicator
  * (its size and mesh dim), the time waited and, where it can tell (point-to-point exchanges, the agreement
  * over part of a communicator), the ranks that had not arrived. A timeout fails the communicator and every
  * communicator split from the same dtl_comm_from_mpi / dtl_comm_from_nccl: every later call on any of them

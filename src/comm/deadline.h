@@ -32,8 +32,9 @@ static inline bool dtl__comm_timed(const dtl_comm *c) { return dtl__comm_timeout
 
 /* Starts a wait of at most timeout_s seconds (<= 0: none). */
 void dtl__deadline_begin(dtl__deadline *d, double timeout_s);
-/* Called after a poll that found the wait unfinished: backs off (a short spin, then sleeps that grow with the
- * time waited, at most 1 ms). false once the deadline has passed (never without one). */
+/* Called after a poll that found the wait unfinished: backs off (10 ms of polls with sched_yield between them,
+ * then sleeps that grow with the time waited, at most 1 ms). false once the deadline has passed (never without
+ * one). */
 bool dtl__deadline_backoff(dtl__deadline *d);
 /* Seconds since the wait began. */
 double dtl__deadline_waited(const dtl__deadline *d);

@@ -115,10 +115,11 @@ DTL_API dtl_status dtl_plan_create_with_limit(const dtl_layout *src, const dtl_l
  * written); dst_local receives this rank's shard of dst; a rank passes NULL for a side whose mesh it is not in
  * (a buffer there is DTL_ERR_INVALID_ARGUMENT). src_local == dst_local is rejected unless the plan is purely local.
  * Everything the execution derives (boxes, peer lists, chunking, where each intermediate lives) was computed by
- * dtl_plan_create, so a call reads no environment and allocates nothing, except that a plan's first execution
- * allocates its own workspace (dtl_plan_scratch_bytes bytes in the mesh communicator's memory, kept until
- * dtl_plan_destroy). A plan runs one call at a time, like every call on one mesh. Every check and the
- * workspace allocation come before the first step; with DTL_CHECK on the mesh's communicator the ranks then
+ * dtl_plan_create, so a call reads no environment and allocates nothing, the first one included: the plan's own
+ * workspace (dtl_plan_workspace_bytes bytes in the mesh communicator's memory, kept until dtl_plan_destroy) is
+ * acquired by dtl_plan_create on every rank of either mesh, so that no execution can fail on one rank for memory
+ * (a rank without it learns so from dtl_plan_create, before any collective). A plan runs one call at a time, like
+ * every call on one mesh. Every check comes before the first step; with DTL_CHECK on the mesh's communicator the ranks then
  * agree on the plan (layouts, mesh, steps, resolved cost model) and on each other's verdict, so a bad buffer,
  * another plan or another cost model (DTL_PLAN_TUNE) on one rank fails every rank (between two meshes: every
  * rank of both, through point-to-point messages on the parent). Planning is local: a rank
@@ -128,8 +129,8 @@ DTL_API dtl_status dtl_plan_execute(const dtl_plan *p, const void *src_local, vo
 /* The same with scratch from the caller, so that an engine can place it (and replay the plan, e.g. inside a
  * CUDA graph, with no allocation at all): ws holds ws_bytes bytes in the mesh communicator's memory, aligned
  * for the plan's dtype, which the call may overwrite. ws_bytes below what the call needs is
- * DTL_ERR_INVALID_ARGUMENT naming the bytes needed; ws may be NULL when that is 0. The plan's own workspace is
- * never allocated by this form. */
+ * DTL_ERR_INVALID_ARGUMENT naming the bytes needed; ws may be NULL when that is 0. This form leaves the plan's own
+ * workspace (acquired by dtl_plan_create) unused. */
 DTL_API dtl_status dtl_plan_execute_with_workspace(const dtl_plan *p, const void *src_local, void *dst_local, void *ws,
                                                    size_t ws_bytes);
 /* Starts an execution of p and returns at once, so that the transfer overlaps what the caller does next (a

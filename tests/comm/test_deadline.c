@@ -274,6 +274,46 @@ static void a_plan_inherits_the_deadline(void) {
   dtl_comm_destroy(c);
 }
 
+/* The agreement over two meshes that form no communicator (DTL_CHECK) runs on point-to-point messages to its
+ * leader, which can tell who had not arrived: meshes over ranks 0 and 1 of three or more, rank 1 late. */
+static void the_agreement_over_two_meshes_names_the_rank_that_had_not_arrived(void) {
+  if (dt_size < 3) return;
+  setenv("DTL_CHECK", "1", 1);
+  dtl_comm *c = fresh(DEADLINE);
+  unsetenv("DTL_CHECK");
+  if (!c) return;
+  dtl_mesh *a = NULL, *b = NULL;
+  int two = 2;
+  CHECK_OK(dtl_mesh_create_from_ranks(c, 2, (int[]){0, 1}, 1, &two, &a));
+  CHECK_OK(dtl_mesh_create_from_ranks(c, 2, (int[]){1, 0}, 1, &two, &b));
+  int64_t n = 8;
+  dtl_placement ps = dtl_shard(0);
+  dtl_layout *src = NULL, *dst = NULL;
+  CHECK_OK(dtl_layout_create(a, DTL_FLOAT32, 1, &n, &ps, &src));
+  CHECK_OK(dtl_layout_create(b, DTL_FLOAT32, 1, &n, &ps, &dst));
+  static float in[8], out[8];
+  bool member = dt_rank < 2;
+  if (src && dst && member) {
+    if (dt_rank == 1) usleep(LATE_SLEEP_US);
+    double t0 = now_s();
+    dtl_status st = dtl_redistribute(src, in, dst, out);
+    if (dt_rank == 0) {
+      expect_timeout("agreement over two meshes", st, now_s() - t0, "dtl_redistribute");
+      CHECK(strstr(dtl_last_error(), "no message yet from rank(s) 1") != NULL, "message \"%s\" does not name rank 1",
+            dtl_last_error());
+    } else {
+      CHECK(st == DTL_OK || st == DTL_ERR_TIMEOUT, "the late rank: %s", dtl_status_name(st));
+    }
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (failed(c)) return;
+  dtl_layout_destroy(src);
+  dtl_layout_destroy(dst);
+  dtl_mesh_destroy(b);
+  dtl_mesh_destroy(a);
+  dtl_comm_destroy(c);
+}
+
 typedef struct {
   dtl_tp_linear *l;
   const dtl_layout *xl;
@@ -399,6 +439,7 @@ int main(int argc, char **argv) {
   RUN(a_timeout_fails_every_communicator_of_the_constructor);
   RUN(a_rank_that_leaves_its_loop_early_costs_its_peers_a_timeout);
   RUN(a_plan_inherits_the_deadline);
+  RUN(the_agreement_over_two_meshes_names_the_rank_that_had_not_arrived);
   RUN(a_tp_forward_inherits_the_deadline);
   RUN(a_moe_dispatch_inherits_the_deadline);
   RUN(a_cp_ring_inherits_the_deadline);

@@ -643,7 +643,7 @@ static dtl_status mpi_reduce_scatterv_call(dtl_comm *c, const void *send, void *
   if (a != DTL__ALGO_MPI)
     return dtl__mpi_algo(c, k, (dtl__algo_call){.coll = DTL__COLL_REDUCE_SCATTER, .algo = a, .send = send,
                                                 .recv = recv, .counts = recv_counts}, t, op);
-  int *ic, *id;
+  int *ic = NULL, *id = NULL;
   DTL_TRY(dtl__int_counts(k, c, "recv_counts", recv_counts, NULL, NULL, 0, &ic, &id));
   const void *s;
   void *r;

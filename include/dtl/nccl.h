@@ -33,10 +33,13 @@
  * and NCCL's error state (yielding the CPU between polls), so a failure there returns instead of hanging.
  * On a non-blocking ncclComm_t (ncclConfig_t.blocking = 0) each call waits until NCCL has finished
  * enqueuing (ncclInProgress settles).
- * After an error, dtl_comm_abort stops outstanding work: it calls ncclCommAbort on the NCCL communicator,
- * which FREES it, even when it is the caller's: the caller must then neither use nor destroy that
- * ncclComm_t (dtl_comm_destroy is still needed and does not touch it). Aborting a communicator does not
- * abort the communicators split from it; abort each (dtl_mesh_destroy destroys them). */
+ * With a deadline (comm.h, dtl_comm_set_timeout) every wait for the stream also ends with DTL_ERR_TIMEOUT once
+ * the deadline passes, and the communicator has failed then.
+ * After an error, dtl_comm_abort stops dtl's use of the communicator. On a communicator dtl made (a split) it
+ * calls ncclCommAbort, which frees it. The caller's own ncclComm_t (the one passed to dtl_comm_from_nccl) stays
+ * the caller's: dtl does not abort or free it, and the caller calls ncclCommAbort on it to release work blocked in
+ * it (dtl_comm_destroy is still needed and does not touch it). Aborting a communicator does not abort the
+ * communicators split from it; abort each (dtl_mesh_destroy destroys them). */
 #ifndef DTL_NCCL_H
 #define DTL_NCCL_H
 
@@ -49,8 +52,7 @@ extern "C" {
 #endif
 
 /* Wraps comm; all work is enqueued on stream (0 = the legacy default stream), which must belong to the
- * comm's device. The ncclComm_t stays the caller's: dtl_comm_destroy does not destroy it (but
- * dtl_comm_abort does, see above). Communicators split from the result are dtl's and are destroyed by
+ * comm's device. The ncclComm_t stays the caller's: neither dtl_comm_destroy nor dtl_comm_abort destroys it. Communicators split from the result are dtl's and are destroyed by
  * dtl_comm_destroy. NCCL has no host channel to learn nodes on: the communicator counts as one node, unless
  * DTL_RANKS_PER_NODE=n puts n consecutive ranks of comm on each node (splits count as one node). */
 DTL_API dtl_status dtl_comm_from_nccl(ncclComm_t comm, cudaStream_t stream, dtl_comm **out);

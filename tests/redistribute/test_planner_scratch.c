@@ -4,6 +4,7 @@
  * that independent checks found over it and for random layout pairs; and the planner's own check of a plan over
  * every rank (dtl__plan_fits, which visits representative coordinates on large meshes) reports the largest
  * scratch of any coordinate. Between two meshes the same bound is checked under MPI (test_plan_scratch_meshes). */
+#include "scratch_cases.h"
 #include "test_planner_common.h"
 
 static int setup(void **state) {
@@ -60,28 +61,17 @@ static void parse(const char *text, int M, dtl_placement *out) {
   if (dtl_placements_parse(text, out, DTL_MAX_MESH_DIMS, &n) != DTL_OK || n != M) fail_msg("parse %s", text);
 }
 
-/* The one-mesh cases of issue 17 (each was over the bound on some rank), on every coordinate. */
+/* The one-mesh cases of issue 17 (scratch_cases.h; each was over the bound on some rank), and the 4x2x3 pair whose
+ * bound cost a collective, on every coordinate. */
 static void scratch_never_exceeds_max_local_src_dst_on_listed_cases(void **state) {
   (void)state;
-  static const struct {
-    int M, mesh[3];
-    dtl_dtype t;
-    int nd;
-    int64_t shape[3];
-    const char *from, *to;
-  } cases[] = {
-      {3, {2, 2, 2}, DTL_FLOAT32, 2, {8, 16}, "P(sum),S(1),S(0)", "S(1),S(1),S(0)"},
-      {3, {2, 2, 2}, DTL_INT32, 3, {4, 6, 8}, "S(-2),P(max),S(2)", "R,S(-3),S(-3)"},
-      {3, {2, 2, 2}, DTL_INT32, 3, {9, 9, 8}, "S(2),S(-2),P(max)", "S(0),S(0),S(0)"},
-      {2, {2, 2}, DTL_INT32, 2, {4, 1}, "P(sum),S(-2)", "S(0),S(1)"},
-      {3, {4, 2, 3}, DTL_FLOAT32, 2, {8, 16}, "P,S0,P", "S0,R,P"},
-  };
-  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+  static const scratch_case more = {3, {4, 2, 3}, DTL_FLOAT32, 2, {8, 16}, "P,S0,P", "S0,R,P"};
+  for (int i = 0; i <= SCRATCH_LISTED_CASES; i++) {
+    const scratch_case *c = i < SCRATCH_LISTED_CASES ? &scratch_listed_cases[i] : &more;
     dtl_placement a[3], b[3];
-    parse(cases[i].from, cases[i].M, a);
-    parse(cases[i].to, cases[i].M, b);
-    assert_true(check_every_coordinate(cases[i].M, cases[i].mesh, cases[i].t, cases[i].nd, cases[i].shape, a, b) !=
-                SIZE_MAX);
+    parse(c->from, c->mesh_ndim, a);
+    parse(c->to, c->mesh_ndim, b);
+    assert_true(check_every_coordinate(c->mesh_ndim, c->mesh, c->t, c->nd, c->shape, a, b) != SIZE_MAX);
   }
 }
 

@@ -8,6 +8,7 @@
 #include <string.h>
 #include "redistribute/redistribute_internal.h"
 #include "dtl_test.h"
+#include "scratch_cases.h"
 #include "test_redistribute_util.h"
 
 static int world_rank, world_size;
@@ -305,34 +306,23 @@ static void shard_to_partial_matches_the_dense_oracle(const tu_mesh *m) {
  * checks it), among them plans whose exchange runs one row at a time. */
 static void scratch_never_exceeds_max_local_src_dst_on_listed_cases(const tu_mesh *m) {
   if (!m->mesh) return;
-  static const struct {
-    int ndim, shape[3];
-    dtl_dtype t;
-    int nd;
-    int64_t tshape[3];
-    const char *from, *to;
-  } cases[] = {
-      {3, {2, 2, 2}, DTL_FLOAT32, 2, {8, 16}, "P(sum),S(1),S(0)", "S(1),S(1),S(0)"},
-      {3, {2, 2, 2}, DTL_INT32, 3, {4, 6, 8}, "S(-2),P(max),S(2)", "R,S(-3),S(-3)"},
-      {3, {2, 2, 2}, DTL_INT32, 3, {9, 9, 8}, "S(2),S(-2),P(max)", "S(0),S(0),S(0)"},
-      {2, {2, 2}, DTL_INT32, 2, {4, 1}, "P(sum),S(-2)", "S(0),S(1)"},
-  };
+  const scratch_case *cases = scratch_listed_cases;
   pair_stats ps = {0};
-  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-    bool same = m->ndim == cases[i].ndim;
-    for (int d = 0; same && d < m->ndim; d++) same = m->shape[d] == cases[i].shape[d];
+  for (int i = 0; i < SCRATCH_LISTED_CASES; i++) {
+    bool same = m->ndim == cases[i].mesh_ndim;
+    for (int d = 0; same && d < m->ndim; d++) same = m->shape[d] == cases[i].mesh[d];
     if (!same) continue;
     dtl_placement a[DTL_MAX_MESH_DIMS], b[DTL_MAX_MESH_DIMS];
     int na = 0, nb = 0;
     CHECK(dtl_placements_parse(cases[i].from, a, DTL_MAX_MESH_DIMS, &na) == DTL_OK, "%s", dtl_last_error());
     CHECK(dtl_placements_parse(cases[i].to, b, DTL_MAX_MESH_DIMS, &nb) == DTL_OK, "%s", dtl_last_error());
     size_t count = 1;
-    for (int d = 0; d < cases[i].nd; d++) count *= (size_t)cases[i].tshape[d];
+    for (int d = 0; d < cases[i].nd; d++) count *= (size_t)cases[i].shape[d];
     void *dense = malloc(count * dtl_dtype_size(cases[i].t));
     tu_dense(31 + i, cases[i].t, count, dense);
     dtl_layout *la = NULL, *lb = NULL;
-    CHECK(dtl_layout_create(m->mesh, cases[i].t, cases[i].nd, cases[i].tshape, a, &la) == DTL_OK, "%s", dtl_last_error());
-    CHECK(dtl_layout_create(m->mesh, cases[i].t, cases[i].nd, cases[i].tshape, b, &lb) == DTL_OK, "%s", dtl_last_error());
+    CHECK(dtl_layout_create(m->mesh, cases[i].t, cases[i].nd, cases[i].shape, a, &la) == DTL_OK, "%s", dtl_last_error());
+    CHECK(dtl_layout_create(m->mesh, cases[i].t, cases[i].nd, cases[i].shape, b, &lb) == DTL_OK, "%s", dtl_last_error());
     if (la && lb) every_pair_matches_the_dense_oracle(m, la, lb, dense, 41 + i, &ps);
     dtl_layout_destroy(la);
     dtl_layout_destroy(lb);

@@ -55,9 +55,7 @@ size_t dtl__agree_host_len(const dtl_comm *c) { return 3 * (size_t)c->size + dtl
 /* Device communicators: acquired when the communicator is made, so that no agreement allocates. */
 dtl_status dtl__agree_reserve(dtl_comm *c) {
   size_t bytes = dtl__agree_need(c) * sizeof(int64_t);
-  DTL_TRY(dtl__mem_alloc(&c->mem, bytes, &c->agree_buf));
-  c->agree_bytes = bytes;
-  return DTL_OK;
+  return dtl__mem_alloc(&c->mem, bytes, &c->agree_buf);
 }
 
 /* Where an agreement's exchanges move their values: device memory on a device communicator; on a host one under a
@@ -200,9 +198,9 @@ dtl_status dtl__agree_among(dtl_comm *c, int n, const int *ranks, const char *fn
                                                    "exchange to agree over part of a communicator", c->ops->name);
   char saved[1024];
   if (local != DTL_OK) snprintf(saved, sizeof saved, "%s", dtl_last_error());
-  /* Staged (dev) on a device communicator, and on a host one under a deadline (dtl__agree_staging). */
+  /* Staged on a device communicator, and on a host one under a deadline (dtl__agree_staging). */
   int64_t *buf = dtl__agree_staging(c), *all = c->agree_host;
-  bool dev = buf != NULL;
+  bool staged = buf != NULL;
   int leader = ranks[0];
   int64_t mine[2] = {local == DTL_OK ? dtl__fp63(fp) : 0, (int64_t)local}, reply[DTL__AGREE_REPLY] = {0};
   /* Everything was acquired with the communicator: the staging (the leader's n entries of 2, then the reply) and
@@ -210,11 +208,11 @@ dtl_status dtl__agree_among(dtl_comm *c, int n, const int *ranks, const char *fn
   dtl_status st = DTL_OK;
   size_t two = 2, rn = DTL__AGREE_REPLY;
   if (c->rank != leader) {
-    if (dev) st = dtl__mem_copy(&c->mem, buf, mine, sizeof mine);
-    const void *sb = dev ? (const void *)buf : (const void *)mine;
-    void *rb = dev ? (void *)(buf + 2) : (void *)reply;
+    if (staged) st = dtl__mem_copy(&c->mem, buf, mine, sizeof mine);
+    const void *sb = staged ? (const void *)buf : (const void *)mine;
+    void *rb = staged ? (void *)(buf + 2) : (void *)reply;
     if (st == DTL_OK) st = dtl__agree_p2p(c, 1, &leader, &sb, &two, 1, &leader, &rb, &rn);
-    if (st == DTL_OK && dev) st = dtl__mem_copy(&c->mem, reply, buf + 2, sizeof reply);
+    if (st == DTL_OK && staged) st = dtl__mem_copy(&c->mem, reply, buf + 2, sizeof reply);
     if (st == DTL_OK) st = c->ops->synchronize(c);
   } else {
     /* Receive every verdict, judge, answer every rank alike. Up to 64 ranks per round of messages. */
@@ -225,12 +223,12 @@ dtl_status dtl__agree_among(dtl_comm *c, int n, const int *ranks, const char *fn
       void *rb[64];
       size_t rc[64];
       for (int i = 0; i < k; i++) {
-        rb[i] = dev ? (void *)(buf + 2 * i) : (void *)(all + 2 * (base + i));
+        rb[i] = staged ? (void *)(buf + 2 * i) : (void *)(all + 2 * (base + i));
         rc[i] = 2;
       }
       st = dtl__agree_p2p(c, 0, NULL, NULL, NULL, k, ranks + base, rb, rc);
-      if (st == DTL_OK && dev) st = dtl__mem_copy(&c->mem, all + 2 * base, buf, sizeof(int64_t) * 2 * (size_t)k);
-      if (st == DTL_OK && dev) st = c->ops->synchronize(c);
+      if (st == DTL_OK && staged) st = dtl__mem_copy(&c->mem, all + 2 * base, buf, sizeof(int64_t) * 2 * (size_t)k);
+      if (st == DTL_OK && staged) st = c->ops->synchronize(c);
     }
     if (st == DTL_OK) {
       reply[1] = -1;
@@ -246,7 +244,7 @@ dtl_status dtl__agree_among(dtl_comm *c, int n, const int *ranks, const char *fn
       }
       if (reply[0] == 0 && reply[3] > 0) reply[0] = 2;
       int64_t *src = reply;
-      if (dev && (st = dtl__mem_copy(&c->mem, buf, reply, sizeof reply)) == DTL_OK) src = buf;
+      if (staged && (st = dtl__mem_copy(&c->mem, buf, reply, sizeof reply)) == DTL_OK) src = buf;
       for (int base = 1; base < n && st == DTL_OK; base += 64) {
         int k = n - base < 64 ? n - base : 64;
         const void *sb[64];

@@ -105,7 +105,6 @@ struct dtl_comm {
   int64_t *agree_host;
   int *agree_ranks;
   void *agree_buf; /* NULL on host communicators */
-  size_t agree_bytes;
   /* Deadlines (deadline.h): the state every communicator split from one constructor shares (its timeout, and
    * whether one timed out), whether this is the constructor's own, and the mesh dim this one serves (-1: none;
    * named in timeout messages). */

@@ -1102,10 +1102,8 @@ static void dtl__mpi_missing(const dtl_comm *c, const MPI_Request *reqs, int nre
 }
 
 /* Completes a blocking exchange: on a timeout, names the peers whose messages had not come. */
-static dtl_status dtl__mpi_exchange_wait(dtl_comm *c, dtl__mpi_call *k, int nsend, const int *send_peers,
-                                         const size_t *send_counts, int nrecv, const int *recv_peers,
+static dtl_status dtl__mpi_exchange_wait(dtl_comm *c, dtl__mpi_call *k, int nrecv, const int *recv_peers,
                                          const size_t *recv_counts) {
-  (void)nsend, (void)send_peers, (void)send_counts;
   if (!dtl__comm_timed(c)) return dtl__mpi_waitall(c, k->fn, k->nreqs, k->reqs, MPI_STATUSES_IGNORE);
   dtl__deadline d;
   dtl__deadline_begin(&d, dtl__comm_timeout_s(c));
@@ -1126,7 +1124,7 @@ static dtl_status mpi_exchange(dtl_comm *c, int nsend, const int *send_peers, co
     dtl__mpi_call k = {.fn = fn, .c = c, .nonblocking = true, .reqs = dtl__mpi_of(c)->reqs, .reqs_cap = 4 * c->size};
     dtl_status st = dtl__mpi_post(c, &k, nsend, send_peers, send_bufs, send_counts, nrecv, recv_peers, recv_bufs,
                                   recv_counts, t);
-    if (st == DTL_OK) st = dtl__mpi_exchange_wait(c, &k, nsend, send_peers, send_counts, nrecv, recv_peers, recv_counts);
+    if (st == DTL_OK) st = dtl__mpi_exchange_wait(c, &k, nrecv, recv_peers, recv_counts);
     dtl__free(k.reqs_heap);
     return st;
   }

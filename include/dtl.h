@@ -11,6 +11,7 @@
 #include "dtl/mesh.h"
 #include "dtl/layout.h"
 #include "dtl/plan.h"
+#include "dtl/quant.h"
 #include "dtl/checkpoint.h"
 #include "dtl/tp.h"
 #include "dtl/moe.h"

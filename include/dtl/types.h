@@ -17,9 +17,14 @@ typedef enum {
   DTL_INT8 = 4,
   DTL_UINT8 = 5,
   DTL_INT32 = 6,
-  DTL_INT64 = 7
+  DTL_INT64 = 7,
+  /* 8-bit floats, one byte each (README, Quantized tensors). e4m3fn: 4 exponent bits (bias 7), 3 mantissa bits, no
+   * infinities, one NaN code per sign (0x7f, 0xff), largest finite 448. e5m2: 5 exponent bits (bias 15), 2 mantissa
+   * bits, IEEE-like (infinities, NaNs), largest finite 57344. */
+  DTL_FLOAT8_E4M3 = 8,
+  DTL_FLOAT8_E5M2 = 9
 } dtl_dtype;
-#define DTL_NUM_DTYPES 8
+#define DTL_NUM_DTYPES 10
 
 /* Reduction operators. DTL_AVG is the sum over the ranks divided by the number of ranks: the sum is formed
  * in the dtype exactly as DTL_SUM forms it (an integer sum that leaves the type's range wraps around), then
@@ -32,9 +37,9 @@ typedef enum { DTL_SUM = 0, DTL_PROD = 1, DTL_MAX = 2, DTL_MIN = 3, DTL_AVG = 4 
 
 /* Bytes per element; 0 for a value outside the enum. */
 DTL_API size_t dtl_dtype_size(dtl_dtype t);
-/* "f32", "f64", "f16", "bf16", "i8", "u8", "i32", "i64"; NULL outside the enum. */
+/* "f32", "f64", "f16", "bf16", "i8", "u8", "i32", "i64", "f8e4m3", "f8e5m2"; NULL outside the enum. */
 DTL_API const char *dtl_dtype_name(dtl_dtype t);
-/* Parses the names above (also "float32", "int64", ...). */
+/* Parses the names above (also "float32", "int64", "float8_e4m3fn", "float8_e5m2", ...). */
 DTL_API dtl_status dtl_dtype_parse(const char *text, dtl_dtype *out);
 /* "sum", "prod", "max", "min", "avg"; NULL outside the enum. */
 DTL_API const char *dtl_reduce_op_name(dtl_reduce_op op);
@@ -46,6 +51,14 @@ DTL_API uint16_t dtl_f32_to_f16(float x);
 DTL_API float dtl_f16_to_f32(uint16_t h);
 DTL_API uint16_t dtl_f32_to_bf16(float x);
 DTL_API float dtl_bf16_to_f32(uint16_t h);
+/* Conversions between f32 and the 8-bit floats: round to nearest even, as torch and ml_dtypes do. Beyond the
+ * largest finite value they do what torch (2.x, CPU) does: e4m3fn saturates to +-448 (infinities included, since
+ * the format has none), e5m2 overflows to +-infinity. A NaN stays a NaN of the same sign (e4m3fn has one NaN code
+ * per sign). Every code converts to f32 exactly (e4m3fn's NaN code to a quiet f32 NaN of its sign). */
+DTL_API uint8_t dtl_f32_to_f8e4m3(float x);
+DTL_API float dtl_f8e4m3_to_f32(uint8_t c);
+DTL_API uint8_t dtl_f32_to_f8e5m2(float x);
+DTL_API float dtl_f8e5m2_to_f32(uint8_t c);
 
 #ifdef __cplusplus
 }

@@ -13,6 +13,7 @@ static const struct {
     [DTL_FLOAT16] = {"f16", "float16", 2, true}, [DTL_BFLOAT16] = {"bf16", "bfloat16", 2, true},
     [DTL_INT8] = {"i8", "int8", 1, false},       [DTL_UINT8] = {"u8", "uint8", 1, false},
     [DTL_INT32] = {"i32", "int32", 4, false},    [DTL_INT64] = {"i64", "int64", 8, false},
+    [DTL_FLOAT8_E4M3] = {"f8e4m3", "float8_e4m3fn", 1, true}, [DTL_FLOAT8_E5M2] = {"f8e5m2", "float8_e5m2", 1, true},
 };
 static const char *const dtl__op_names[DTL_NUM_REDUCE_OPS] = {"sum", "prod", "max", "min", "avg"};
 
@@ -27,6 +28,10 @@ uint16_t dtl_f32_to_f16(float x) { return dtl__f32_to_f16(x); }
 float dtl_f16_to_f32(uint16_t h) { return dtl__f16_to_f32(h); }
 uint16_t dtl_f32_to_bf16(float x) { return dtl__f32_to_bf16(x); }
 float dtl_bf16_to_f32(uint16_t h) { return dtl__bf16_to_f32(h); }
+uint8_t dtl_f32_to_f8e4m3(float x) { return dtl__f32_to_f8e4m3(x); }
+float dtl_f8e4m3_to_f32(uint8_t c) { return dtl__f8e4m3_to_f32(c); }
+uint8_t dtl_f32_to_f8e5m2(float x) { return dtl__f32_to_f8e5m2(x); }
+float dtl_f8e5m2_to_f32(uint8_t c) { return dtl__f8e5m2_to_f32(c); }
 
 dtl_status dtl_dtype_parse(const char *text, dtl_dtype *out) {
   DTL_CHECK_ARG(text != NULL, "dtl_dtype_parse", "text=NULL");
@@ -39,7 +44,7 @@ dtl_status dtl_dtype_parse(const char *text, dtl_dtype *out) {
   }
   char q[DTL__QUOTE_CAP];
   return dtl__error(DTL_ERR_INVALID_ARGUMENT,
-                    "dtl_dtype_parse: text=\"%s\" (expected f32, f64, f16, bf16, i8, u8, i32 or i64)",
+                    "dtl_dtype_parse: text=\"%s\" (expected f32, f64, f16, bf16, i8, u8, i32, i64, f8e4m3 or f8e5m2)",
                     dtl__quote(text, q, sizeof q));
 }
 

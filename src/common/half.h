@@ -51,4 +51,62 @@ static inline uint16_t dtl__f32_to_f16(float f) {
   return (uint16_t)half;
 }
 
+/* The 8-bit floats: a finite f32 rounds to nearest even on the target's grid of m mantissa bits and exponent bias
+ * `bias` (subnormals included); the caller handles NaN, infinity and overflow past the largest code `max_code`.
+ * Returns the magnitude's code, or max_code + 1 when the rounded value is beyond max_code. */
+static inline uint32_t dtl__f8_round(uint32_t mag, int m, int bias, uint32_t max_code) {
+  int32_t exp = (int32_t)(mag >> 23) - 127 + bias;
+  uint32_t man = mag & 0x7fffffu, q, rem, half;
+  int shift;
+  if ((mag >> 23) == 0) return 0; /* f32 zero and subnormals are far below the smallest 8-bit subnormal */
+  if (exp > 0) {
+    shift = 23 - m;
+    q = ((uint32_t)exp << m) | (man >> shift);
+  } else {
+    shift = 23 - m + 1 - exp;
+    if (shift > 24) return 0; /* below half the smallest subnormal */
+    man |= 0x800000u;
+    q = man >> shift;
+  }
+  rem = man & ((1u << shift) - 1u);
+  half = 1u << (shift - 1);
+  if (rem > half || (rem == half && (q & 1u))) q++; /* a carry moves into the exponent, as it should */
+  return q > max_code ? max_code + 1 : q;
+}
+
+static inline uint8_t dtl__f32_to_f8e4m3(float f) {
+  uint32_t u = dtl__f32_to_bits(f), sign = (u >> 24) & 0x80u, mag = u & 0x7fffffffu;
+  if (mag > 0x7f800000u) return (uint8_t)(sign | 0x7fu); /* NaN */
+  uint32_t q = mag == 0x7f800000u ? 0x7fu : dtl__f8_round(mag, 3, 7, 0x7eu);
+  return (uint8_t)(sign | (q > 0x7eu ? 0x7eu : q)); /* saturate to 448, as torch does */
+}
+
+static inline float dtl__f8e4m3_to_f32(uint8_t c) {
+  uint32_t sign = (uint32_t)(c & 0x80u) << 24, exp = (c >> 3) & 0xfu, man = c & 7u;
+  if ((c & 0x7fu) == 0x7fu) return dtl__bits_to_f32(sign | 0x7fc00000u);
+  if (exp == 0) {
+    float v = (float)man * (1.0f / 512.0f); /* subnormal: man * 2^-9 */
+    return dtl__bits_to_f32(dtl__f32_to_bits(v) | sign);
+  }
+  return dtl__bits_to_f32(sign | ((exp + 120u) << 23) | (man << 20));
+}
+
+static inline uint8_t dtl__f32_to_f8e5m2(float f) {
+  uint32_t u = dtl__f32_to_bits(f), sign = (u >> 24) & 0x80u, mag = u & 0x7fffffffu;
+  if (mag > 0x7f800000u) return (uint8_t)(sign | 0x7eu | ((mag >> 21) & 1u)); /* NaN, made quiet */
+  if (mag == 0x7f800000u) return (uint8_t)(sign | 0x7cu);
+  uint32_t q = dtl__f8_round(mag, 2, 15, 0x7bu);
+  return (uint8_t)(sign | (q > 0x7bu ? 0x7cu : q)); /* overflow to infinity */
+}
+
+static inline float dtl__f8e5m2_to_f32(uint8_t c) {
+  uint32_t sign = (uint32_t)(c & 0x80u) << 24, exp = (c >> 2) & 0x1fu, man = c & 3u;
+  if (exp == 31) return dtl__bits_to_f32(sign | 0x7f800000u | (man << 21) | (man ? 0x400000u : 0u));
+  if (exp == 0) {
+    float v = (float)man * (1.0f / 65536.0f); /* subnormal: man * 2^-16 */
+    return dtl__bits_to_f32(dtl__f32_to_bits(v) | sign);
+  }
+  return dtl__bits_to_f32(sign | ((exp + 112u) << 23) | (man << 21));
+}
+
 #endif

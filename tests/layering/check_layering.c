@@ -11,7 +11,7 @@
 #include <sys/stat.h>
 
 /* Each area and the areas it may include besides itself ("dtl.h" and "dtl/..." are public and allowed
- * everywhere). Layers: tp, moe, cp -> redistribute, checkpoint -> layout -> comm -> common; compute and attn
+ * everywhere). Layers: tp, moe, cp -> redistribute, checkpoint -> layout -> comm -> common; compute, attn and quant
  * hold kernels that several layers share and sit beside the layers, on common and the memory interface only
  * (attn above compute). Siblings (tp/moe/cp, redistribute/checkpoint) never include each other. */
 static const struct {
@@ -20,14 +20,15 @@ static const struct {
 } rules[] = {
     {"common", ""},
     {"comm", "common"},
-    {"layout", "comm common"},
-    {"redistribute", "layout comm common"},
-    {"checkpoint", "layout comm common"},
-    {"tp", "redistribute checkpoint layout comm common attn compute"},
-    {"moe", "redistribute checkpoint layout comm common attn compute"},
-    {"cp", "redistribute checkpoint layout comm common attn compute"},
+    {"layout", "comm common quant"},
+    {"redistribute", "layout comm common quant"},
+    {"checkpoint", "layout comm common quant"},
+    {"tp", "redistribute checkpoint layout comm common attn compute quant"},
+    {"moe", "redistribute checkpoint layout comm common attn compute quant"},
+    {"cp", "redistribute checkpoint layout comm common attn compute quant"},
     {"compute", "common"},
     {"attn", "compute common"},
+    {"quant", "common"},
 };
 
 /* The memory interface: the headers of comm/ that declare a communicator's memory (dtl__mem and its host and
@@ -70,10 +71,10 @@ static const char *why_not(const char *area, const char *file, const char *inc) 
   for (size_t i = 0; i < sizeof rules / sizeof *rules; i++) {
     if (strcmp(rules[i].area, area)) continue;
     if (in_list(rules[i].may_include, inc, n)) return NULL;
-    if ((!strcmp(area, "compute") || !strcmp(area, "attn")) && is_memory_interface(inc)) return NULL;
+    if ((!strcmp(area, "compute") || !strcmp(area, "attn") || !strcmp(area, "quant")) && is_memory_interface(inc)) return NULL;
     snprintf(why, sizeof why, "%s may include only %s%s%s", area, *rules[i].may_include ? rules[i].may_include : "",
              *rules[i].may_include ? " and " : "",
-             !strcmp(area, "compute") || !strcmp(area, "attn") ? "the memory interface (comm/memory.h, comm/device_memory.h)"
+             !strcmp(area, "compute") || !strcmp(area, "attn") || !strcmp(area, "quant") ? "the memory interface (comm/memory.h, comm/device_memory.h)"
                                                                : "itself");
     return why;
   }

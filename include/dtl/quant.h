@@ -9,7 +9,9 @@
  *   codes, a GGUF block), or dtl_qlayout_create refuses the layout, naming the tensor dim, the unit, the sizes and
  *   the degrees that would work;
  * - scales (and zeros) of a block that a cut splits go to both sides: each rank gets every scale block its codes
- *   touch. That is exact, since an element's scale depends only on its global block.
+ *   touch. That is exact, since an element's scale depends only on its global block. A part dim that a cut does
+ *   not divide (FP8_CHANNEL's trailing 1, FP8_TENSOR's scale over a cut matrix, act-order groups) is whole on
+ *   every rank of the mesh.
  * Partial placements are refused (codes do not add). Byte layouts of every format: README, Quantized tensors. */
 #ifndef DTL_QUANT_H
 #define DTL_QUANT_H
@@ -59,7 +61,7 @@ typedef enum { DTL_QPART_CODES = 0, DTL_QPART_SCALES = 1, DTL_QPART_ZEROS = 2, D
  * are cut. A bit outside those defined, a field that does not apply to the kind, or a bad value is
  * DTL_ERR_INVALID_ARGUMENT naming the field and its value. */
 #define DTL_QFMT_BLOCK DTL_BIT(0)       /* block_rows, block_cols: FP8_BLOCK, >= 1 */
-#define DTL_QFMT_GROUP DTL_BIT(1)       /* group: GPTQ and AWQ, a multiple of 8 */
+#define DTL_QFMT_GROUP DTL_BIT(1)       /* group: GPTQ and AWQ, >= 1, or -1: one group over all of C */
 #define DTL_QFMT_CODE_DTYPE DTL_BIT(2)  /* code_dtype: FP8 kinds, DTL_FLOAT8_E4M3 or DTL_FLOAT8_E5M2 */
 #define DTL_QFMT_SCALE_DTYPE DTL_BIT(3) /* scale_dtype: f32, f16 or bf16 (FP8, GPTQ, AWQ) */
 #define DTL_QFMT_ACT_ORDER DTL_BIT(0)   /* flags */
@@ -104,7 +106,8 @@ typedef struct {
 DTL_API dtl_status dtl_qlayout_local_boxes(const dtl_qlayout *l, const int *coord, dtl_qbox *out);
 
 DTL_API const dtl_mesh *dtl_qlayout_mesh(const dtl_qlayout *l);
-DTL_API void dtl_qlayout_quant_format(const dtl_qlayout *l, dtl_quant_format *out); /* every mask bit set */
+/* The resolved format: the mask bits of the fields its kind has, all set, defaults filled in. */
+DTL_API void dtl_qlayout_quant_format(const dtl_qlayout *l, dtl_quant_format *out);
 /* The f32 layout of the dequantized tensor (same mesh, shape and placements); owned by l. */
 DTL_API const dtl_layout *dtl_qlayout_logical(const dtl_qlayout *l);
 /* "gptq(g128)[4096,11008] mesh=4 placements=S(1)", as dtl_layout_format. */

@@ -29,7 +29,7 @@ void dtl__local_box(const dtl_mesh *m, int ndim, const int64_t *shape, const dtl
 /* A pending average of integers would truncate when it is resolved, so Partial(avg) needs a float dtype. */
 static bool dtl__partial_ok(dtl_dtype t, dtl_reduce_op op) { return op != DTL_AVG || dtl__dtype_is_float(t); }
 
-static dtl_status dtl__layout_init(dtl_layout *l, const char *fn, const dtl_mesh *m, dtl_dtype t, int ndim,
+dtl_status dtl__layout_init(dtl_layout *l, const char *fn, const dtl_mesh *m, dtl_dtype t, int ndim,
                                    const int64_t *shape, const dtl_placement *placements) {
   DTL_CHECK_ARG(m != NULL, fn, "mesh=NULL");
   DTL_CHECK_ARG(dtl__dtype_valid(t), fn, "dtype=%d (expected 0..%d)", (int)t, DTL_NUM_DTYPES - 1);

@@ -83,6 +83,9 @@ static inline const dtl__mem *dtl__mesh_mem(const dtl_mesh *m) {
  * layer (layout queries, planner byte counts, executor pack boxes) shares. */
 void dtl__local_box(const dtl_mesh *m, int ndim, const int64_t *shape, const dtl_placement *p, const int *coord,
                     int64_t *box_shape, int64_t *box_offset);
+/* Validates (mesh, dtype, shape, placements) as dtl_layout_create does, messages prefixed by fn, and fills l. */
+dtl_status dtl__layout_init(dtl_layout *l, const char *fn, const dtl_mesh *m, dtl_dtype t, int ndim, const int64_t *shape,
+                            const dtl_placement *placements);
 /* Hash and equality of (mesh, dtype, shape, placements), for plan caches and DTL_CHECK fingerprints. */
 uint64_t dtl__layout_hash(const dtl_layout *l);
 bool dtl__layout_equal(const dtl_layout *a, const dtl_layout *b);

@@ -46,6 +46,7 @@
 
 #include "dtl/checkpoint.h"
 #include "dtl/layout.h"
+#include "dtl/quant.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -162,8 +163,17 @@ DTL_API dtl_status dtl_tp_weight_read_attention_out(const dtl_tp_context *ctx, c
 DTL_API dtl_status dtl_tp_weight_read_gate_up(const dtl_tp_context *ctx, const dtl_safetensors *f, const char *gate,
                                               const char *up, int64_t ffn, int64_t in, void *shard);
 
-/* ---------------------------------------------------------------------------------------------------- */
-/* Communication halves: exactly the collective of each layer, on caller buffers [tokens, features].   */
+/* A quantized weight shard (<dtl/quant.h>): its quantized layout, on the context's mesh and cut on the TP dim as
+ * the layer that takes it needs (column-parallel [out, in]: S(0); row-parallel: S(1); Replicate on the other mesh
+ * dims), and this rank's part buffers in the context's memory. Borrowed: a layer copies what it keeps. Fused
+ * weights (QKV, gate/up) are given as their sub-weights (q, k, v; gate, up), each with its own scales, since a
+ * scale block never spans two of them. */
+typedef struct {
+  const dtl_qlayout *layout;
+  dtl_qbuf local;
+} dtl_tp_qweight;
+
+: exactly the collective of each layer, on caller buffers [tokens, features].   */
 /* The full layers below use these. Each checks the given layout against what it can take.              */
 /* ---------------------------------------------------------------------------------------------------- */
 /* Row-parallel epilogue: partial is this rank's addend [T, F] (Partial(sum)); out_layout is [T, F] with R

@@ -173,7 +173,8 @@ typedef struct {
   dtl_qbuf local;
 } dtl_tp_qweight;
 
-: exactly the collective of each layer, on caller buffers [tokens, features].   */
+/* ---------------------------------------------------------------------------------------------------- */
+/* Communication halves: exactly the collective of each layer, on caller buffers [tokens, features].   */
 /* The full layers below use these. Each checks the given layout against what it can take.              */
 /* ---------------------------------------------------------------------------------------------------- */
 /* Row-parallel epilogue: partial is this rank's addend [T, F] (Partial(sum)); out_layout is [T, F] with R

@@ -93,6 +93,7 @@ static dtl_status dtl__quant_fp8(const char *fn, const dtl__qshard *s, const flo
   const int64_t *ssh = s->pshape[DTL_QPART_SCALES], *sof = s->poff[DTL_QPART_SCALES];
   int64_t nsc = dtl__qinner_q(s, DTL_QPART_SCALES, nl);
   uint8_t *codes = parts[DTL_QPART_CODES];
+  if (nsc == 0) return DTL_OK; /* an empty box: nothing per matrix (whatever the leading dims say) */
   for (int64_t m = 0; m < mats; m++) {
     const float *x = dense + m * rows * cols;
     for (int64_t j = 0; j < nsc; j++) {
@@ -107,6 +108,7 @@ static dtl_status dtl__quant_fp8(const char *fn, const dtl__qshard *s, const flo
         r_lo = sof[nl] + j - grow0;
         r_hi = r_lo + 1;
       }
+      if (c_lo >= c_hi) r_hi = r_lo; /* an empty box (of any row count) has amax 0 and no codes */
       float amax = 0.0f;
       for (int64_t r = r_lo; r < r_hi; r++)
         for (int64_t c = c_lo; c < c_hi; c++) amax = dtl__qmax(amax, fabsf(x[r * cols + c]));
@@ -151,6 +153,8 @@ static dtl_status dtl__quant_int4(const char *fn, const dtl__qshard *s, const fl
     if (mats > 0 && nq > 0) memset(qw, 0, (size_t)(mats * nq) * 4);
     if (mats > 0 && nz > 0) memset(qz, 0, (size_t)(mats * nz) * 4);
   }
+  int64_t ng = act ? s->pshape[DTL_QPART_GIDX][nl] : 0;
+  if (nq == 0 && ns == 0 && nz == 0 && ng == 0) return DTL_OK; /* an empty box: nothing per matrix */
   for (int64_t m = 0; m < mats; m++) {
     const float *x = dense + m * rows * cols;
     for (int64_t r = 0; r < rows; r++) {
@@ -243,6 +247,8 @@ static dtl_status dtl__quant_gguf(const char *fn, const dtl__qshard *s, const fl
         d = max / -8.0f;
       }
       id = d != 0.0f ? 1.0f / d : 0.0f;
+      if (!isfinite(id)) id = 0.0f; /* 1 / d overflows only where d is far below f16's smallest, so d stores as 0 anyway
+                                     * (ggml's x * inf would be NaN codes: undefined) */
       uint16_t dh = dtl__f32_to_f16(d);
       if ((dh & 0x7c00u) == 0x7c00u) {
         char what[96];

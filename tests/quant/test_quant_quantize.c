@@ -160,6 +160,33 @@ static void act_order_quantization_writes_the_identity_g_idx(void **state) {
   dtl_mesh_destroy(m);
 }
 
+/* A Q8_0 / Q4_0 block whose largest value is an f32 subnormal: 1 / d overflows (ggml would multiply by infinity, NaN
+ * codes); its f16 d is 0, so its codes are those of zero and it dequantizes to zeros. */
+static void a_gguf_block_of_subnormals_quantizes_to_zero(void **state) {
+  const dtl_quant_kind kinds[] = {DTL_QUANT_GGUF_Q8_0, DTL_QUANT_GGUF_Q4_0};
+  for (int i = 0; i < 2; i++) {
+    dtl_quant_format f = {.kind = kinds[i]};
+    int64_t shape[2] = {1, 32};
+    qt_tensor t;
+    dtl_qlayout *l;
+    dtl_mesh *m;
+    alloc_like(&f, 2, shape, &t, &l, &m);
+    float x[32] = {0}, y[32];
+    x[5] = 1e-40f;
+    x[6] = -3e-41f;
+    dtl_qbuf q = {{t.part[0], NULL, NULL, NULL}};
+    assert_int_equal(dtl_quant_quantize(l, x, &q), DTL_OK);
+    const uint8_t *b = t.part[0];
+    assert_int_equal((b[0] | b[1] << 8) & 0x7fff, 0); /* d = +-0 */
+    for (int j = 2; j < (i ? 18 : 34); j++) assert_int_equal(b[j], i ? 0x88 : 0);
+    assert_int_equal(dtl_quant_dequantize(l, &q, y), DTL_OK);
+    for (int j = 0; j < 32; j++) assert_true(y[j] == 0.0f);
+    qt_tensor_free(&t);
+    dtl_qlayout_destroy(l);
+    dtl_mesh_destroy(m);
+  }
+}
+
 /* Whether the box [lo, lo + n) of a dim of size N holds every block of `b` elements it touches. */
 static bool whole(int64_t lo, int64_t n, int64_t N, int64_t b) {
   return n == 0 || (lo % b == 0 && ((lo + n) % b == 0 || lo + n == N));
@@ -276,6 +303,7 @@ int main(void) {
       cmocka_unit_test(dequantize_of_quantize_is_within_one_step_for_every_format_but_q4_k),
       cmocka_unit_test(an_all_zero_fp8_block_gets_a_positive_scale_and_zero_codes),
       cmocka_unit_test(act_order_quantization_writes_the_identity_g_idx),
+      cmocka_unit_test(a_gguf_block_of_subnormals_quantizes_to_zero),
       cmocka_unit_test(each_shard_with_whole_blocks_quantizes_to_the_slice_of_the_dense_quantization),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -126,76 +126,111 @@ static inline void dtl__int4_table(float v, int zero, float *tab) {
   for (int q = 0; q < 16; q++) tab[q] = (float)(q - zero) * v;
 }
 
-/* GPTQ, qweight [C/8, R]: a word holds 8 input channels of one row, in order; one row at a time, a word at a time,
- * through the group's table (act order: the group may change at every channel, so its value directly). */
+/* Both int4 layouts keep a tile's words far apart in memory: GPTQ's words of one row are R words apart, AWQ's of one
+ * row band C/8... R/8 words apart, strides (16 KiB and 2 KiB at 4096) that map every word into the same few sets of the
+ * L1 cache. So the kernels first gather a block of words into a small contiguous buffer (each cache line read once),
+ * then decode from it. */
+enum { DTL__GPTQ_ROWS = 16, DTL__GPTQ_WORDS = 64, DTL__AWQ_ROWS = 128, DTL__AWQ_COLS = 256 };
+
+/* GPTQ, qweight [C/8, R]: a word holds 8 input channels of one row, in order. Blocks of 16 rows x 64 words (one
+ * cache line per word column); each row then a word at a time, through its group's table (act order: the group may
+ * change at every channel, so its value directly). */
 static void dtl__tile_gptq(const dtl__int4_ctx *k, int64_t grow0, int64_t r0, int64_t nr, int64_t c0, int64_t nc,
                            float *out, int64_t ldo) {
   int nl = k->nl;
   float tab[16];
-  for (int64_t i = 0; i < nr; i++) {
-    int64_t gr = grow0 + r0 + i, last_g = -1, next = 0;
-    const uint32_t *col = k->qw + (gr - k->qof[nl + 1]);
-    float *orow = out + i * ldo, v = 0.0f;
-    int zero = 0;
-    for (int64_t c = c0; c < c0 + nc;) {
-      int64_t gc = k->gcol0 + c;
-      uint32_t word = col[(gc / 8 - k->qof[nl]) * k->qsh[nl + 1]];
-      int64_t end = c + (8 - gc % 8);
-      if (end > c0 + nc) end = c0 + nc;
-      if (k->act) {
-        for (; c < end; c++, gc++) {
-          int64_t gi = dtl__int4_gi(k, gc, last_g, &next);
-          if (gi != last_g) {
-            last_g = gi;
-            dtl__int4_group(k, gi, gr, &v, &zero);
+  uint32_t buf[DTL__GPTQ_WORDS][DTL__GPTQ_ROWS];
+  int64_t j_lo = (k->gcol0 + c0) / 8, j_hi = (k->gcol0 + c0 + nc - 1) / 8 + 1; /* global word columns */
+  for (int64_t ib = 0; ib < nr; ib += DTL__GPTQ_ROWS) {
+    int nb = nr - ib < DTL__GPTQ_ROWS ? (int)(nr - ib) : DTL__GPTQ_ROWS;
+    int64_t gr0 = grow0 + r0 + ib;
+    for (int64_t jb = j_lo; jb < j_hi; jb += DTL__GPTQ_WORDS) {
+      int nj = j_hi - jb < DTL__GPTQ_WORDS ? (int)(j_hi - jb) : DTL__GPTQ_WORDS;
+      for (int j = 0; j < nj; j++)
+        memcpy(buf[j], k->qw + (jb + j - k->qof[nl]) * k->qsh[nl + 1] + gr0 - k->qof[nl + 1], (size_t)nb * 4);
+      int64_t c_lo = jb * 8 - k->gcol0, c_hi = (jb + nj) * 8 - k->gcol0;
+      if (c_lo < c0) c_lo = c0;
+      if (c_hi > c0 + nc) c_hi = c0 + nc;
+      for (int i = 0; i < nb; i++) {
+        int64_t gr = gr0 + i, last_g = -1, next = 0;
+        float *orow = out + (ib + i) * ldo - c0, v = 0.0f;
+        int zero = 0;
+        for (int64_t c = c_lo; c < c_hi;) {
+          int64_t gc = k->gcol0 + c, end = c + (8 - gc % 8);
+          uint32_t word = buf[gc / 8 - jb][i];
+          if (end > c_hi) end = c_hi;
+          if (k->act) {
+            for (; c < end; c++, gc++) {
+              int64_t gi = dtl__int4_gi(k, gc, last_g, &next);
+              if (gi != last_g) {
+                last_g = gi;
+                dtl__int4_group(k, gi, gr, &v, &zero);
+              }
+              orow[c] = (float)((int)((word >> (4 * (gc % 8))) & 15u) - zero) * v;
+            }
+            continue;
           }
-          orow[c - c0] = (float)((int)((word >> (4 * (gc % 8))) & 15u) - zero) * v;
+          if (end - c == 8 && gc + 8 <= next) { /* a whole word inside the group */
+            for (int q = 0; q < 8; q++) orow[c + q] = tab[(word >> (4 * q)) & 15u];
+            c += 8;
+            continue;
+          }
+          for (; c < end; c++, gc++) {
+            if (gc >= next || last_g < 0) {
+              last_g = dtl__int4_gi(k, gc, -1, &next);
+              dtl__int4_group(k, last_g, gr, &v, &zero);
+              dtl__int4_table(v, zero, tab);
+            }
+            orow[c] = tab[(word >> (4 * (gc % 8))) & 15u];
+          }
         }
-        continue;
-      }
-      for (; c < end; c++, gc++) {
-        if (gc >= next || last_g < 0) {
-          last_g = dtl__int4_gi(k, gc, -1, &next);
-          dtl__int4_group(k, last_g, gr, &v, &zero);
-          dtl__int4_table(v, zero, tab);
-        }
-        orow[c - c0] = tab[(word >> (4 * (gc % 8))) & 15u];
       }
     }
   }
 }
 
-/* AWQ, qweight [C, R/8]: a word holds 8 rows of one input channel; the rows of one word at a time (up to 8 output
- * rows), a column at a time, through each row's table of its group. */
+/* AWQ, qweight [C, R/8]: a word holds 8 rows of one input channel, in AWQ's order. Blocks of 128 rows (up to 17 words
+ * per channel) x 256 channels; then the 8 rows of one word at a time (8 output streams), a channel at a time, through
+ * each row's table of its group. */
 static void dtl__tile_awq(const dtl__int4_ctx *k, int64_t grow0, int64_t r0, int64_t nr, int64_t c0, int64_t nc,
                           float *out, int64_t ldo) {
   int nl = k->nl;
   float tab[8][16];
-  for (int64_t i0 = 0; i0 < nr;) {
-    int64_t gr0 = grow0 + r0 + i0, n8 = 8 - gr0 % 8;
-    if (n8 > nr - i0) n8 = nr - i0;
-    int shift[8];
-    for (int j = 0; j < n8; j++) shift[j] = 4 * dtl__awq_nibble[(gr0 + j) % 8];
-    const uint32_t *rowword = k->qw + (gr0 / 8 - k->qof[nl + 1]);
-    int64_t last_g = -1, next = 0;
-    for (int64_t c = c0; c < c0 + nc; c++) {
-      int64_t gc = k->gcol0 + c, gi = dtl__int4_gi(k, gc, last_g, &next);
-      if (gi != last_g) {
-        last_g = gi;
-        for (int j = 0; j < n8; j++) {
-          float v;
-          int zero;
-          dtl__int4_group(k, gi, gr0 + j, &v, &zero);
-          dtl__int4_table(v, zero, tab[j]);
+  uint32_t buf[DTL__AWQ_COLS][DTL__AWQ_ROWS / 8 + 1];
+  for (int64_t ib = 0; ib < nr; ib += DTL__AWQ_ROWS) {
+    int64_t i_end = ib + DTL__AWQ_ROWS < nr ? ib + DTL__AWQ_ROWS : nr, gb = grow0 + r0 + ib;
+    int64_t w0 = gb / 8, nw = (grow0 + r0 + i_end - 1) / 8 - w0 + 1;
+    for (int64_t cb = c0; cb < c0 + nc; cb += DTL__AWQ_COLS) {
+      int64_t c_end = cb + DTL__AWQ_COLS < c0 + nc ? cb + DTL__AWQ_COLS : c0 + nc;
+      for (int64_t c = cb; c < c_end; c++)
+        memcpy(buf[c - cb], k->qw + (k->gcol0 + c - k->qof[nl]) * k->qsh[nl + 1] + w0 - k->qof[nl + 1], (size_t)nw * 4);
+      for (int64_t i0 = ib; i0 < i_end;) {
+        int64_t gr0 = grow0 + r0 + i0, n8 = 8 - gr0 % 8, wi = gr0 / 8 - w0;
+        if (n8 > i_end - i0) n8 = i_end - i0;
+        int shift[8];
+        for (int j = 0; j < n8; j++) shift[j] = 4 * dtl__awq_nibble[(gr0 + j) % 8];
+        int64_t last_g = -1, next = 0;
+        float *o = out + i0 * ldo - c0;
+        for (int64_t c = cb; c < c_end; c++) {
+          int64_t gc = k->gcol0 + c, gi = dtl__int4_gi(k, gc, last_g, &next);
+          if (gi != last_g) {
+            last_g = gi;
+            for (int j = 0; j < n8; j++) {
+              float v;
+              int zero;
+              dtl__int4_group(k, gi, gr0 + j, &v, &zero);
+              dtl__int4_table(v, zero, tab[j]);
+            }
+          }
+          uint32_t word = buf[c - cb][wi];
+          if (n8 == 8)
+            for (int j = 0; j < 8; j++) o[j * ldo + c] = tab[j][(word >> shift[j]) & 15u];
+          else
+            for (int j = 0; j < n8; j++) o[j * ldo + c] = tab[j][(word >> shift[j]) & 15u];
         }
+        i0 += n8;
       }
-      uint32_t word = rowword[(gc - k->qof[nl]) * k->qsh[nl + 1]];
-      if (n8 == 8)
-        for (int j = 0; j < 8; j++) out[(i0 + j) * ldo + c - c0] = tab[j][(word >> shift[j]) & 15u];
-      else
-        for (int j = 0; j < n8; j++) out[(i0 + j) * ldo + c - c0] = tab[j][(word >> shift[j]) & 15u];
     }
-    i0 += n8;
   }
 }
 

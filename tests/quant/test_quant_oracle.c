@@ -308,6 +308,45 @@ static void any_logical_box_dequantizes_from_the_part_boxes_it_touches(void **st
     }
 }
 
+/* int4 tensors larger than the kernels' gather blocks (GPTQ: 16 rows x 512 channels, AWQ: 128 rows x 256 channels),
+ * at unaligned tiles: every element still equals the definition. */
+static void int4_tensors_larger_than_a_gather_block_equal_the_definition_at_any_tile(void **state) {
+  qt_rng r = {0x5eed0004};
+  const struct {
+    dtl_quant_kind kind;
+    int64_t group, R, C;
+    uint64_t flags;
+  } cases[] = {{DTL_QUANT_GPTQ, 128, 40, 1160, 0},
+               {DTL_QUANT_GPTQ, 32, 24, 1048, DTL_QFMT_ACT_ORDER},
+               {DTL_QUANT_AWQ, 128, 272, 600, 0},
+               {DTL_QUANT_AWQ, -1, 136, 260, 0}};
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    dtl_quant_format f = {.kind = cases[i].kind, .mask = DTL_QFMT_GROUP, .group = cases[i].group, .flags = cases[i].flags};
+    int64_t shape[2] = {cases[i].R, cases[i].C};
+    qt_tensor t;
+    assert_int_equal(qt_tensor_random(&r, &f, 2, shape, &t), 0);
+    dtl__qgeom g;
+    assert_int_equal(dtl__qgeom_init("test", &t.fmt, 2, shape, &g), DTL_OK);
+    dtl__qshard s;
+    dtl__qshard_init(&s, &g, shape, (int64_t[]){0, 0}, (const void *const *)t.part);
+    for (int n = 0; n < 6; n++) {
+      int64_t r0 = n ? qt_below(&r, shape[0]) : 0, c0 = n ? qt_below(&r, shape[1]) : 0;
+      int64_t nr = n ? 1 + qt_below(&r, shape[0] - r0) : shape[0], nc = n ? 1 + qt_below(&r, shape[1] - c0) : shape[1];
+      float *tile = malloc((size_t)(nr * nc) * sizeof *tile);
+      dtl__qshard_dequant_tile(&s, 0, r0, nr, c0, nc, tile, nc);
+      for (int64_t a = 0; a < nr; a++)
+        for (int64_t b = 0; b < nc; b++) {
+          float want = qt_ref_value(&t, 0, r0 + a, c0 + b);
+          if (memcmp(&want, &tile[a * nc + b], 4))
+            fail_msg("case %zu: element [%lld, %lld] = %a, the definition gives %a", i, (long long)(r0 + a),
+                     (long long)(c0 + b), (double)tile[a * nc + b], (double)want);
+        }
+      free(tile);
+    }
+    qt_tensor_free(&t);
+  }
+}
+
 /* The worked cases of the issue: FP8 128-blocks over TP 8 on 512 columns (64 each, the boundary block on both
  * sides) and DeepSeek-R1's 18432 over TP 32 (576 each, 4.5 blocks). */
 static void fp8_blocks_split_by_a_cut_go_to_both_sides(void **state) {
@@ -342,6 +381,7 @@ int main(void) {
       cmocka_unit_test(dense_dequantization_equals_the_formats_definition_for_every_format),
       cmocka_unit_test(every_shard_dequantizes_to_the_slice_of_the_dense_result_on_meshes_of_1_to_8),
       cmocka_unit_test(any_logical_box_dequantizes_from_the_part_boxes_it_touches),
+      cmocka_unit_test(int4_tensors_larger_than_a_gather_block_equal_the_definition_at_any_tile),
       cmocka_unit_test(fp8_blocks_split_by_a_cut_go_to_both_sides),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

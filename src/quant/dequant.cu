@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The device half of dequantization (dequant.h): one thread per output element of a tile, each computing its value
- * from its global block alone with the host kernel's operations in the same order (explicitly rounded multiplies
- * and subtractions, never fused), so the device tile has the host tile's bits. dequant.c is its host emulation. */
-#include <cuda_fp16.h>
+ * from its global block alone with the host kernel's operations in the same order (rounded multiplies and
+ * subtractions, never fused), so the device tile has the host tile's bits. The same element code also runs on the
+ * host (dtl__qshard_dequant_tile_emulate), so a machine without a GPU checks it against dequant.c. */
 #include <cuda_runtime.h>
+#include <string.h>
 #include "comm/device_memory.h"
 #include "quant/dequant.h"
 
@@ -24,33 +25,68 @@ struct qtile {
   int64_t mat, r0, c0, nr, nc, ldo;
 };
 
-__device__ inline float f16_bits(uint16_t h) { return __half2float(__ushort_as_half(h)); }
-__device__ inline float bf16_bits(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
+__host__ __device__ inline float bits_f32(uint32_t u) {
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+__host__ __device__ inline uint32_t f32_bits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return u;
+}
+/* One rounding each: the device's _rn intrinsics never fuse; on the host a volatile store keeps the compiler from
+ * contracting (the emulation is for tests, not speed). */
+__host__ __device__ inline float mul_rn(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fmul_rn(a, b);
+#else
+  volatile float r = a * b;
+  return r;
+#endif
+}
+__host__ __device__ inline float sub_rn(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fsub_rn(a, b);
+#else
+  volatile float r = a - b;
+  return r;
+#endif
+}
 
-__device__ inline float scale_at(const qtile &t, int64_t i) {
+/* The decodings of src/common/half.h. */
+__host__ __device__ inline float f16_bits(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+  if (exp == 0) return bits_f32(f32_bits((float)man * (1.0f / 16777216.0f)) | sign);
+  if (exp == 31) return bits_f32(sign | 0x7f800000u | (man << 13));
+  return bits_f32(sign | ((exp + 112u) << 23) | (man << 13));
+}
+__host__ __device__ inline float bf16_bits(uint16_t h) { return bits_f32((uint32_t)h << 16); }
+
+__host__ __device__ inline float scale_at(const qtile &t, int64_t i) {
   const void *s = t.part[DTL_QPART_SCALES];
   if (t.scale_dtype == DTL_FLOAT16) return f16_bits(((const uint16_t *)s)[i]);
   if (t.scale_dtype == DTL_BFLOAT16) return bf16_bits(((const uint16_t *)s)[i]);
   return ((const float *)s)[i];
 }
 
-/* The FP8 decodings of src/common/half.h. */
-__device__ inline float f8e4m3(uint8_t c) {
+__host__ __device__ inline float f8e4m3(uint8_t c) {
   uint32_t sign = (uint32_t)(c & 0x80u) << 24, exp = (c >> 3) & 0xfu, man = c & 7u;
-  if ((c & 0x7fu) == 0x7fu) return __uint_as_float(sign | 0x7fc00000u);
-  if (exp == 0) return __uint_as_float(__float_as_uint((float)man * (1.0f / 512.0f)) | sign);
-  return __uint_as_float(sign | ((exp + 120u) << 23) | (man << 20));
+  if ((c & 0x7fu) == 0x7fu) return bits_f32(sign | 0x7fc00000u);
+  if (exp == 0) return bits_f32(f32_bits((float)man * (1.0f / 512.0f)) | sign);
+  return bits_f32(sign | ((exp + 120u) << 23) | (man << 20));
 }
-__device__ inline float f8e5m2(uint8_t c) {
+__host__ __device__ inline float f8e5m2(uint8_t c) {
   uint32_t sign = (uint32_t)(c & 0x80u) << 24, exp = (c >> 2) & 0x1fu, man = c & 3u;
-  if (exp == 31) return __uint_as_float(sign | 0x7f800000u | (man << 21) | (man ? 0x400000u : 0u));
-  if (exp == 0) return __uint_as_float(__float_as_uint((float)man * (1.0f / 65536.0f)) | sign);
-  return __uint_as_float(sign | ((exp + 112u) << 23) | (man << 21));
+  if (exp == 31) return bits_f32(sign | 0x7f800000u | (man << 21) | (man ? 0x400000u : 0u));
+  if (exp == 0) return bits_f32(f32_bits((float)man * (1.0f / 65536.0f)) | sign);
+  return bits_f32(sign | ((exp + 112u) << 23) | (man << 21));
 }
 
-__constant__ int awq_nibble[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+/* AWQ's nibble of row k of a word: [0, 4, 1, 5, 2, 6, 3, 7][k]. */
+__host__ __device__ inline int awq_nibble(int k) { return (k & 1) * 4 + (k >> 1); }
 
-__device__ float value_at(const qtile &t, int64_t r, int64_t c) {
+__host__ __device__ float value_at(const qtile &t, int64_t r, int64_t c) {
   int64_t gr = t.row0 + r, gc = t.col0 + c;
   if (t.kind <= DTL_QUANT_FP8_TENSOR) {
     uint8_t code = ((const uint8_t *)t.part[DTL_QPART_CODES])[(t.mat * t.rows_l + r) * t.cols_l + c];
@@ -59,7 +95,7 @@ __device__ float value_at(const qtile &t, int64_t r, int64_t c) {
     int64_t si = t.mat * t.inner[DTL_QPART_SCALES];
     if (t.kind == DTL_QUANT_FP8_BLOCK) si += (gr / t.block_rows - o[0]) * e[1] + gc / t.block_cols - o[1];
     else if (t.kind == DTL_QUANT_FP8_CHANNEL) si += gr - o[0];
-    return __fmul_rn(x, scale_at(t, si));
+    return mul_rn(x, scale_at(t, si));
   }
   if (t.kind == DTL_QUANT_GPTQ || t.kind == DTL_QUANT_AWQ) {
     bool gptq = t.kind == DTL_QUANT_GPTQ;
@@ -69,7 +105,7 @@ __device__ float value_at(const qtile &t, int64_t r, int64_t c) {
     int64_t gi = gc / t.group;
     if (t.gptq_act)
       gi = ((const int32_t *)t.part[DTL_QPART_GIDX])[t.mat * t.inner[DTL_QPART_GIDX] + gc - t.off[DTL_QPART_GIDX][1]];
-    int zshift = 4 * (gptq ? (int)(gr % 8) : awq_nibble[gr % 8]);
+    int zshift = 4 * (gptq ? (int)(gr % 8) : awq_nibble((int)(gr % 8)));
     const uint32_t *qz = (const uint32_t *)t.part[DTL_QPART_ZEROS] + t.mat * t.inner[DTL_QPART_ZEROS];
     int zero = (int)((qz[(gi - zo[0]) * ze[1] + gr / 8 - zo[1]] >> zshift) & 15u) + (gptq ? 1 : 0);
     float s = scale_at(t, t.mat * t.inner[DTL_QPART_SCALES] + (gi - so[0]) * se[1] + gr - so[1]);
@@ -83,16 +119,16 @@ __device__ float value_at(const qtile &t, int64_t r, int64_t c) {
       word = qw[(gc - qo[0]) * qe[1] + gr / 8 - qo[1]];
       shift = zshift;
     }
-    return __fmul_rn((float)((int)((word >> shift) & 15u) - zero), s);
+    return mul_rn((float)((int)((word >> shift) & 15u) - zero), s);
   }
   int64_t rowbytes = t.ext[DTL_QPART_CODES][1], b0 = t.off[DTL_QPART_CODES][1] / t.bb;
   const uint8_t *blk = (const uint8_t *)t.part[DTL_QPART_CODES] + (t.mat * t.rows_l + r) * rowbytes +
                        (gc / t.be - b0) * t.bb;
   int j = (int)(gc % t.be);
   float d = f16_bits((uint16_t)(blk[0] | blk[1] << 8));
-  if (t.kind == DTL_QUANT_GGUF_Q8_0) return __fmul_rn((float)(int8_t)blk[2 + j], d);
+  if (t.kind == DTL_QUANT_GGUF_Q8_0) return mul_rn((float)(int8_t)blk[2 + j], d);
   if (t.kind == DTL_QUANT_GGUF_Q4_0)
-    return __fmul_rn((float)((j < 16 ? blk[2 + j] & 15 : blk[2 + j - 16] >> 4) - 8), d);
+    return mul_rn((float)((j < 16 ? blk[2 + j] & 15 : blk[2 + j - 16] >> 4) - 8), d);
   /* Q4_K: ggml's dequantize_row_q4_K, sub-block is = j / 32 with get_scale_min_k4's 6-bit scale and min */
   float dmin = f16_bits((uint16_t)(blk[2] | blk[3] << 8));
   const uint8_t *sc = blk + 4, *qs = blk + 16;
@@ -104,8 +140,8 @@ __device__ float value_at(const qtile &t, int64_t r, int64_t c) {
     s6 = (sc[is + 4] & 15) | ((sc[is - 4] >> 6) << 4);
     m6 = (sc[is + 4] >> 4) | ((sc[is] >> 6) << 4);
   }
-  float d1 = __fmul_rn(d, (float)s6), m1 = __fmul_rn(dmin, (float)m6);
-  return __fsub_rn(__fmul_rn(d1, (float)q), m1);
+  float d1 = mul_rn(d, (float)s6), m1 = mul_rn(dmin, (float)m6);
+  return sub_rn(mul_rn(d1, (float)q), m1);
 }
 
 __global__ void dequant_tile(qtile t, float *out) {
@@ -116,12 +152,8 @@ __global__ void dequant_tile(qtile t, float *out) {
   }
 }
 
-}  // namespace
-
-extern "C" dtl_status dtl__qshard_dequant_tile_cuda(const dtl__qshard *s, int64_t mat, int64_t r0, int64_t nr,
-                                                      int64_t c0, int64_t nc, float *out, int64_t ldo, void *stream) {
-  static const char fn[] = "dtl__qshard_dequant_tile_cuda";
-  if (nr <= 0 || nc <= 0) return DTL_OK;
+/* The kernel's view of the tile (mat, rows [r0, r0 + nr), cols [c0, c0 + nc)) of s. */
+qtile make_tile(const dtl__qshard *s, int64_t mat, int64_t r0, int64_t nr, int64_t c0, int64_t nc, int64_t ldo) {
   const dtl__qgeom *g = s->g;
   const dtl_quant_format *f = &g->fmt;
   qtile t = {};
@@ -146,7 +178,7 @@ extern "C" dtl_status dtl__qshard_dequant_tile_cuda(const dtl__qshard *s, int64_
     t.part[p] = s->part[p];
     t.inner[p] = 1;
     for (int d = t.nl; d < pn; d++) t.inner[p] *= s->pshape[p][d];
-    /* the part's dims after the leading ones: one (g_idx, FP8_CHANNEL's [R, 1] keeps two) or two */
+    /* the part's dims after the leading ones: one (g_idx; FP8_TENSOR none) or two */
     for (int k = 0; k < 2; k++) {
       int d = pn - 2 + k;
       t.ext[p][k] = d >= t.nl ? s->pshape[p][d] : 1;
@@ -159,8 +191,26 @@ extern "C" dtl_status dtl__qshard_dequant_tile_cuda(const dtl__qshard *s, int64_
   t.nr = nr;
   t.nc = nc;
   t.ldo = ldo;
+  return t;
+}
+
+}  // namespace
+
+extern "C" dtl_status dtl__qshard_dequant_tile_cuda(const dtl__qshard *s, int64_t mat, int64_t r0, int64_t nr,
+                                                      int64_t c0, int64_t nc, float *out, int64_t ldo, void *stream) {
+  static const char fn[] = "dtl__qshard_dequant_tile_cuda";
+  if (nr <= 0 || nc <= 0) return DTL_OK;
+  qtile t = make_tile(s, mat, r0, nr, c0, nc, ldo);
   int64_t n = nr * nc, blocks = (n + 255) / 256;
   dequant_tile<<<(unsigned)(blocks < 65535 ? blocks : 65535), 256, 0, (cudaStream_t)stream>>>(t, out);
   cudaError_t e = cudaGetLastError();
   return e == cudaSuccess ? DTL_OK : dtl__cuda_error(fn, e);
+}
+
+extern "C" void dtl__qshard_dequant_tile_emulate(const dtl__qshard *s, int64_t mat, int64_t r0, int64_t nr, int64_t c0,
+                                                 int64_t nc, float *out, int64_t ldo) {
+  if (nr <= 0 || nc <= 0) return;
+  qtile t = make_tile(s, mat, r0, nr, c0, nc, ldo);
+  for (int64_t r = 0; r < nr; r++)
+    for (int64_t c = 0; c < nc; c++) out[r * ldo + c] = value_at(t, r0 + r, c0 + c);
 }

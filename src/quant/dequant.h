@@ -34,10 +34,14 @@ void dtl__qshard_dequant_tile(const dtl__qshard *s, int64_t mat, int64_t r0, int
 #if DTL_HAVE_NCCL
 /* The same tile on the device, one thread per output element, bit for bit the host tile: s's part pointers are device
  * buffers and out a device buffer (leading dimension ldo) of the caller's current device; enqueued on stream (a
- * cudaStream_t). Trusts its input like the host kernel (check the scales where they are on the host). The host
- * tile is its emulation. DTL_ERR_CUDA when the launch fails. */
+ * cudaStream_t). Trusts its input like the host kernel (check the scales where they are on the host).
+ * DTL_ERR_CUDA when the launch fails. */
 dtl_status dtl__qshard_dequant_tile_cuda(const dtl__qshard *s, int64_t mat, int64_t r0, int64_t nr, int64_t c0,
                                          int64_t nc, float *out, int64_t ldo, void *stream);
+/* The device tile's element code run on the host over host buffers, element by element: for tests on machines
+ * without a GPU (it must equal dtl__qshard_dequant_tile bit for bit); not a fast path. */
+void dtl__qshard_dequant_tile_emulate(const dtl__qshard *s, int64_t mat, int64_t r0, int64_t nr, int64_t c0, int64_t nc,
+                                      float *out, int64_t ldo);
 #endif
 
 #ifdef __cplusplus

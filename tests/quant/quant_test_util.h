@@ -261,19 +261,26 @@ static inline int qt_ref_zero(const qt_tensor *t, int64_t mat, int64_t r, int64_
   return (int)((zw >> (4 * awq_nibble[r % 8])) & 15);
 }
 
-/* Copies the box (shape, off) of a row-major tensor (gshape, es bytes per element) into dst. */
+/* Copies the box (shape, off) of a row-major tensor (gshape, es bytes per element) into dst, a row of the last dim
+ * at a time. */
 static inline void qt_slice(const void *src, int ndim, const int64_t *gshape, size_t es, const int64_t *shape,
                             const int64_t *off, void *dst) {
-  int64_t n = 1;
-  for (int d = 0; d < ndim; d++) n *= shape[d];
-  for (int64_t e = 0; e < n; e++) {
-    int64_t rest = e, g = 0, idx[DTL_MAX_TENSOR_DIMS];
-    for (int d = ndim - 1; d >= 0; d--) {
+  if (ndim == 0) {
+    memcpy(dst, src, es);
+    return;
+  }
+  int64_t rows = 1, run = shape[ndim - 1];
+  for (int d = 0; d < ndim - 1; d++) rows *= shape[d];
+  if (run == 0) return;
+  for (int64_t e = 0; e < rows; e++) {
+    int64_t rest = e, g = 0, idx[DTL_MAX_TENSOR_DIMS + 1];
+    for (int d = ndim - 2; d >= 0; d--) {
       idx[d] = off[d] + rest % shape[d];
       rest /= shape[d];
     }
-    for (int d = 0; d < ndim; d++) g = g * gshape[d] + idx[d];
-    memcpy((char *)dst + e * es, (const char *)src + g * es, es);
+    for (int d = 0; d < ndim - 1; d++) g = g * gshape[d] + idx[d];
+    g = g * gshape[ndim - 1] + off[ndim - 1];
+    memcpy((char *)dst + (size_t)(e * run) * es, (const char *)src + (size_t)g * es, (size_t)run * es);
   }
 }
 

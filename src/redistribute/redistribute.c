@@ -169,19 +169,29 @@ static uint64_t dtl__plan_fingerprint(const dtl_plan *p) {
 }
 
 dtl_status dtl__plan_agree(const char *fn, const dtl_plan *p, dtl_status local) {
+  return dtl__plans_agree(fn, &p, 1, local);
+}
+
+/* One fingerprint for the plans together, each plan's mixed in turn (one plan: its own). */
+static uint64_t dtl__plans_fingerprint(const dtl_plan *const *plans, int n) {
+  uint64_t h = dtl__plan_fingerprint(plans[0]);
+  for (int i = 1; i < n; i++) h = dtl__fp_mix(h, dtl__plan_fingerprint(plans[i]));
+  return h;
+}
+
+dtl_status dtl__plans_agree(const char *fn, const dtl_plan *const *plans, int n, dtl_status local) {
+  const dtl_plan *p = plans[0];
   const dtl_mesh *sm = p->src.mesh, *dm = p->dst.mesh;
-  if (sm == dm) return dtl__agree_checked(sm->comm, fn, local == DTL_OK ? dtl__plan_fingerprint(p) : 0, local);
+  if (sm == dm) return dtl__agree_checked(sm->comm, fn, local == DTL_OK ? dtl__plans_fingerprint(plans, n) : 0, local);
   dtl_comm *c = sm->parent;
   if (!c->check) return local;
   const struct dtl__plan_exec *x = p->exec;
-  return dtl__agree_among(c, x->ngroup, x->group, fn, local == DTL_OK ? dtl__plan_fingerprint(p) : 0, local);
+  return dtl__agree_among(c, x->ngroup, x->group, fn, local == DTL_OK ? dtl__plans_fingerprint(plans, n) : 0, local);
 }
 
 /* --- entry points --------------------------------------------------------------------------------------- */
 
-/* The agreement of a call that could not plan (a plan agrees in its execution): over the mesh, or over the ranks of
- * both meshes, which form no communicator (their parent ranks, gathered here). */
-static dtl_status dtl__pair_agree(const char *fn, const dtl_layout *src, const dtl_layout *dst, dtl_status local) {
+dtl_status dtl__pair_agree(const char *fn, const dtl_layout *src, const dtl_layout *dst, dtl_status local) {
   const dtl_mesh *sm = src->mesh, *dm = dst->mesh;
   if (sm->parent != dm->parent) return local; /* no communicator joins them: nothing to agree over */
   if (sm == dm) return sm->comm ? dtl__agree_checked(sm->comm, fn, 0, local) : local;

@@ -120,6 +120,7 @@ static const fcase formats[] = {
      2, {200, 140}},
     {"fp8-channel", FMT(DTL_QUANT_FP8_CHANNEL), 2, {70, 30}},
     {"fp8-tensor, experts", FMT(DTL_QUANT_FP8_TENSOR), 3, {3, 20, 30}},
+    {"fp8-tensor", FMT(DTL_QUANT_FP8_TENSOR), 2, {20, 30}},
     {"gptq g32", {.mask = DTL_QFMT_GROUP, .kind = DTL_QUANT_GPTQ, .group = 32}, 2, {96, 96}},
     {"gptq g128", FMT(DTL_QUANT_GPTQ), 2, {64, 384}},
     {"gptq g32 act-order", {.mask = DTL_QFMT_GROUP, .flags = DTL_QFMT_ACT_ORDER, .kind = DTL_QUANT_GPTQ, .group = 32}, 2,
@@ -131,6 +132,14 @@ static const fcase formats[] = {
     {"q4_k", FMT(DTL_QUANT_GGUF_Q4_K), 2, {6, 512}},
 };
 enum { NFORMATS = sizeof formats / sizeof *formats };
+
+static const fcase *format_named(const char *name) {
+  for (int f = 0; f < NFORMATS; f++)
+    if (!strcmp(formats[f].name, name)) return &formats[f];
+  fprintf(stderr, "no format case \"%s\"\n", name);
+  MPI_Abort(MPI_COMM_WORLD, 2);
+  return NULL;
+}
 
 static uint64_t rng = 12345;
 static unsigned next_rand(void) {
@@ -225,7 +234,7 @@ static dtl_qlayout *qlayout(dtl_mesh *m, const fcase *fc, dtl_placement p0) {
 /* S(0) -> R of fp8-block 128 on [300, 260]: every rank receives the codes it lacks and every scale block but those it
  * owns, the blocks whose first row lies in its rows (a block its rows split comes from its one owner, once). */
 static void every_scale_block_comes_once_from_its_owner(void) {
-  const fcase *fc = &formats[0];
+  const fcase *fc = format_named("fp8-block 128, uneven blocks");
   dtl_qlayout *s = qlayout(line, fc, dtl_shard(0)), *r = qlayout(line, fc, dtl_replicate());
   dtl_qplan *q = NULL;
   CHECK_OK(dtl_qplan_create(s, r, &q));
@@ -251,7 +260,7 @@ static void every_scale_block_comes_once_from_its_owner(void) {
 /* Once created, executions allocate nothing (the first included): the parts' plans own their workspace and
  * requests. */
 static void executions_allocate_nothing(void) {
-  const fcase *fc = &formats[6]; /* gptq g32: codes, scales and zeros */
+  const fcase *fc = format_named("gptq g32"); /* codes, scales and zeros */
   dtl_qlayout *s = qlayout(line, fc, dtl_shard(1)), *d = qlayout(line, fc, dtl_shard(0));
   dtl_qbuf in, out;
   alloc_parts(s, true, &in);
@@ -276,7 +285,7 @@ static void explain_has_one_section_per_part(void) {
   int shape[1] = {4}, coord[1] = {1};
   dtl_mesh *am = NULL;
   REQUIRE_OK(dtl_mesh_create_abstract(1, shape, coord, &am));
-  const fcase *fc = &formats[0];
+  const fcase *fc = format_named("fp8-block 128, uneven blocks");
   dtl_qlayout *s = qlayout(am, fc, dtl_shard(0)), *d = qlayout(am, fc, dtl_shard(1));
   dtl_qplan *q = NULL;
   CHECK_OK(dtl_qplan_create(s, d, &q));
@@ -304,7 +313,7 @@ static void explain_has_one_section_per_part(void) {
 }
 
 static void bad_arguments_are_refused_naming_them(void) {
-  const fcase *g32 = &formats[6], *fp8 = &formats[0];
+  const fcase *g32 = format_named("gptq g32"), *fp8 = format_named("fp8-block 128, uneven blocks");
   fcase g128 = *g32, awq = *g32, other = *fp8;
   g128.f.group = 128;
   awq.f.kind = DTL_QUANT_AWQ;
@@ -362,7 +371,7 @@ static void bad_arguments_are_refused_naming_them(void) {
 /* Under DTL_CHECK one rank's missing target scales fail every rank before any transfer (no target written on any
  * rank), and one rank running another plan is a mismatch on every rank. */
 static void a_bad_buffer_on_one_rank_fails_every_rank(void) {
-  const fcase *fc = &formats[1];
+  const fcase *fc = format_named("fp8-block 48x32");
   dtl_qlayout *s = qlayout(line_checked, fc, dtl_shard(0)), *d = qlayout(line_checked, fc, dtl_shard(1));
   dtl_qlayout *r = qlayout(line_checked, fc, dtl_replicate());
   dtl_qplan *q = NULL, *q2 = NULL;

@@ -205,10 +205,10 @@ static void random_pairs_match_the_dense_parts(dtl_mesh *m, dtl_mesh *m2, int pa
     }
 }
 
-static void random_pairs_on_a_line_match_the_dense_parts(void) { random_pairs_match_the_dense_parts(line, line, 6); }
+static void random_pairs_on_a_line_match_the_dense_parts(void) { random_pairs_match_the_dense_parts(line, line, 4); }
 
 static void random_pairs_on_a_square_match_the_dense_parts(void) {
-  if (square) random_pairs_match_the_dense_parts(square, square, 4);
+  if (square) random_pairs_match_the_dense_parts(square, square, 3);
 }
 
 /* The target: the upper half of the ranks, in reverse order (disjoint from the lower half from 2 ranks on, and
@@ -218,7 +218,7 @@ static void pairs_between_two_meshes_match_the_dense_parts(void) {
   for (int i = 0; i < n; i++) ranks[i] = dt_size - 1 - i;
   dtl_mesh *half = NULL;
   REQUIRE_OK(dtl_mesh_create_from_ranks(world, n, ranks, 1, &n, &half));
-  random_pairs_match_the_dense_parts(line, half, 3);
+  random_pairs_match_the_dense_parts(line, half, 2);
   random_pairs_match_the_dense_parts(half, line, 2);
   dtl_mesh_destroy(half);
 }

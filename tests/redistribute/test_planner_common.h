@@ -158,7 +158,7 @@ static inline bool tp_exchange_from(const dtl_layout *src, const dtl_placement *
 static inline int64_t tp_exchange_ps_bytes(const dtl_layout *src, const dtl_layout *dst, const dtl_cost_model *c,
                                            const dtl_placement *pl, int rounds, uint64_t *bytes) {
   dtl__xmap x;
-  if (dtl__xmap_init(&x, "test", src, src->mesh, dst->mesh, dst->placements) != DTL_OK) fail_msg("%s", dtl_last_error());
+  if (dtl__xmap_init(&x, "test", src, src->mesh, dst->mesh, dst->placements, NULL, 0) != DTL_OK) fail_msg("%s", dtl_last_error());
   dtl__xmap_source(&x, pl);
   dtl__xvolume v;
   dtl__xmap_volume_max(&x, &v);

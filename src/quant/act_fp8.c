@@ -1,0 +1,193 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The host half of the FP8 activation kernels (act_fp8.h): per-token-per-128 quantization to e4m3 codes plus f32
+ * scales and back, one 128-column block at a time through a block-sized buffer, in loops without branches so that
+ * they vectorize (the conversions are bit for bit those of common/half.h). */
+#include <math.h>
+#include <string.h>
+#include "common/half.h"
+#include "quant/act_fp8.h"
+
+/* x86-64 also gets an AVX2 clone of the block loops (integer max and blends in 8 lanes); no FMA is involved, so
+ * the results are those of the default clone. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__)
+#define DTL__CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define DTL__CLONES
+#endif
+
+enum { B = DTL__ACT_FP8_BLOCK };
+
+dtl_status dtl__act_fp8_check(const char *fn, const dtl__act_fp8_rows *q, dtl_dtype t, const char *ld_name, int64_t ld) {
+  DTL_CHECK_ARG(dtl__act_fp8_dtype_ok(t), fn, "dtype=%s (FP8 activations convert from and to f32, f16 or bf16)",
+                dtl_dtype_name(t) ? dtl_dtype_name(t) : "?");
+  DTL_CHECK_ARG(q->rows >= 0, fn, "rows=%lld (expected >= 0)", (long long)q->rows);
+  DTL_CHECK_ARG(q->cols >= 1, fn, "cols=%lld (expected >= 1)", (long long)q->cols);
+  DTL_CHECK_ARG(ld >= q->cols, fn, "%s=%lld (expected >= cols=%lld)", ld_name, (long long)ld, (long long)q->cols);
+  DTL_CHECK_ARG(q->ldc >= q->cols, fn, "ldc=%lld (expected >= cols=%lld)", (long long)q->ldc, (long long)q->cols);
+  DTL_CHECK_ARG(q->lds >= dtl__act_fp8_blocks(q->cols), fn, "lds=%lld (expected >= %lld scale blocks of %d columns)",
+                (long long)q->lds, (long long)dtl__act_fp8_blocks(q->cols), B);
+  DTL_CHECK_ARG(q->rows == 0 || (q->codes && q->scales), fn, "codes=%p scales=%p with %lld rows", (void *)q->codes,
+                (void *)q->scales, (long long)q->rows);
+  return DTL_OK;
+}
+
+/* Eight lanes at a time in GCC's vector types: -O2 does not vectorize the selects and the narrowing stores of the
+ * loops below by itself. Lane for lane the arithmetic is the scalar code's (no FMA, every f32 operation rounded). */
+typedef uint32_t dtl__v8u __attribute__((vector_size(32)));
+typedef int32_t dtl__v8i __attribute__((vector_size(32)));
+typedef float dtl__v8f __attribute__((vector_size(32)));
+typedef uint16_t dtl__v8h __attribute__((vector_size(16)));
+typedef uint8_t dtl__v8b __attribute__((vector_size(8)));
+
+/* a where mask is set (all ones), else b (a macro: an AVX vector argument would change the ABI of a function). */
+#define DTL__V8_SELECT(mask, a, b) (((a) & (mask)) | ((b) & ~(mask)))
+
+/* Columns c0..c0+n of a row of x, as f32, into v (zeros after n). */
+DTL__CLONES
+static void dtl__load_block(const void *row, dtl_dtype t, int64_t c0, int n, float *v) {
+  if (t == DTL_FLOAT32) {
+    memcpy(v, (const float *)row + c0, sizeof(float) * (size_t)n);
+  } else if (t == DTL_BFLOAT16) {
+    const uint16_t *h = (const uint16_t *)row + c0;
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+      dtl__v8h a;
+      memcpy(&a, h + i, sizeof a);
+      dtl__v8u u = __builtin_convertvector(a, dtl__v8u) << 16;
+      memcpy(v + i, &u, sizeof u);
+    }
+    for (; i < n; i++) v[i] = dtl__bf16_to_f32(h[i]);
+  } else {
+    const uint16_t *h = (const uint16_t *)row + c0;
+    for (int i = 0; i < n; i++) v[i] = dtl__f16_to_f32(h[i]);
+  }
+  for (int i = n; i < B; i++) v[i] = 0.0f;
+}
+
+/* The largest magnitude of the block as f32 bits: for non-NaN floats the order of |x| is that of their bits
+ * as unsigned integers, so a NaN or an infinity shows as bits >= 0x7f800000. */
+DTL__CLONES
+static uint32_t dtl__block_amax_bits(const float *v) {
+  uint32_t m = 0;
+  for (int i = 0; i < B; i++) {
+    uint32_t u = dtl__f32_to_bits(v[i]) & 0x7fffffffu;
+    m = u > m ? u : m;
+  }
+  return m;
+}
+
+/* e4m3 codes of v[i] * s. Results of 2^-6 and above round by adding to the bits (the 20 dropped mantissa bits,
+ * to nearest even, a carry moving into the exponent); smaller ones (e4m3's subnormals, multiples of 2^-9) by one
+ * f32 addition of 2^14, whose ulp is 2^-9, so the hardware rounds them to nearest even. Codes past 448 saturate.
+ * Bit for bit dtl__f32_to_f8e4m3 on finite values (checked for every finite f32 once, and at every rounding
+ * boundary by tests/quant/test_act_fp8.c). */
+DTL__CLONES
+static void dtl__block_codes(const float *v, float s, uint8_t *out) {
+  for (int i = 0; i < B; i += 8) {
+    dtl__v8f x;
+    memcpy(&x, v + i, sizeof x);
+    dtl__v8u u = (dtl__v8u)(x * s), sign = (u >> 24) & 0x80u, mag = u & 0x7fffffffu;
+    dtl__v8u qn = ((mag + 0x7ffffu + ((mag >> 20) & 1u)) >> 20) - (120u << 3);
+    dtl__v8u qs = (dtl__v8u)((dtl__v8f)mag + 16384.0f) - 0x46800000u;
+    dtl__v8u q = DTL__V8_SELECT((dtl__v8u)(mag < 0x3c800000u), qs, qn);
+    q = DTL__V8_SELECT((dtl__v8u)(q > 0x7eu), (dtl__v8u){0} + 0x7eu, q) | sign;
+    dtl__v8b b = __builtin_convertvector(q, dtl__v8b);
+    memcpy(out + i, &b, sizeof b);
+  }
+}
+
+static const char *dtl__nonfinite_name(float f) { return isnan(f) ? "nan" : f > 0 ? "inf" : "-inf"; }
+
+dtl_status dtl__act_fp8_quantize(const char *fn, const void *x, dtl_dtype t, int64_t ldx, int64_t row0,
+                                 const dtl__act_fp8_rows *q) {
+  DTL_TRY(dtl__act_fp8_check(fn, q, t, "ldx", ldx));
+  DTL_CHECK_ARG(x != NULL || q->rows == 0, fn, "x=NULL with %lld rows", (long long)q->rows);
+  const size_t es = dtl_dtype_size(t);
+  const int64_t nb = dtl__act_fp8_blocks(q->cols);
+  float v[B];
+  uint8_t codes[B];
+  for (int64_t r = 0; r < q->rows; r++) {
+    const char *row = (const char *)x + (size_t)(r * ldx) * es;
+    for (int64_t b = 0; b < nb; b++) {
+      int64_t c0 = b * B;
+      int n = (int)(q->cols - c0 < B ? q->cols - c0 : B);
+      dtl__load_block(row, t, c0, n, v);
+      uint32_t m = dtl__block_amax_bits(v);
+      if (m >= 0x7f800000u) {
+        int i = 0;
+        while (isfinite(v[i])) i++;
+        return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn,
+                             "x row %lld column %lld is %s (FP8 quantization takes finite values)",
+                             (long long)(row0 + r), (long long)(c0 + i), dtl__nonfinite_name(v[i]));
+      }
+      float amax = dtl__bits_to_f32(m);
+      if (!(amax > DTL__ACT_FP8_MARGIN)) amax = DTL__ACT_FP8_MARGIN;
+      dtl__block_codes(v, DTL__ACT_FP8_MAX / amax, codes);
+      memcpy(q->codes + r * q->ldc + c0, codes, (size_t)n);
+      q->scales[r * q->lds + b] = amax * (1.0f / DTL__ACT_FP8_MAX);
+    }
+  }
+  return DTL_OK;
+}
+
+/* f32 values of B e4m3 codes times scale: normal codes by placing their fields, subnormals as man * 2^-9, the NaN
+ * codes (0x7f, 0xff) as a quiet NaN of their sign; the codes' values are bit for bit dtl__f8e4m3_to_f32. */
+DTL__CLONES
+static void dtl__block_values(const uint8_t *c, float scale, float *v) {
+  for (int i = 0; i < B; i += 8) {
+    dtl__v8b b;
+    memcpy(&b, c + i, sizeof b);
+    dtl__v8u k = __builtin_convertvector(b, dtl__v8u), sign = (k & 0x80u) << 24, e = (k >> 3) & 15u, m = k & 7u;
+    dtl__v8u normal = sign | ((e + 120u) << 23) | (m << 20);
+    dtl__v8u sub = (dtl__v8u)(__builtin_convertvector((dtl__v8i)m, dtl__v8f) * (1.0f / 512.0f)) | sign;
+    dtl__v8u u = DTL__V8_SELECT((dtl__v8u)(e == 0u), sub, normal);
+    u = DTL__V8_SELECT((dtl__v8u)((k & 0x7fu) == 0x7fu), sign | 0x7fc00000u, u);
+    dtl__v8f f = (dtl__v8f)u * scale;
+    memcpy(v + i, &f, sizeof f);
+  }
+}
+
+/* n f32 values to bf16, to nearest even (a NaN stays a quiet NaN), as dtl__f32_to_bf16. */
+DTL__CLONES
+static void dtl__store_bf16(const float *v, int n, uint16_t *h) {
+  int i = 0;
+  for (; i + 8 <= n; i += 8) {
+    dtl__v8u u;
+    memcpy(&u, v + i, sizeof u);
+    dtl__v8u nan = (dtl__v8u)((u & 0x7fffffffu) > 0x7f800000u);
+    dtl__v8u r = DTL__V8_SELECT(nan, (u >> 16) | 0x40u, (u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    dtl__v8h o = __builtin_convertvector(r, dtl__v8h);
+    memcpy(h + i, &o, sizeof o);
+  }
+  for (; i < n; i++) h[i] = dtl__f32_to_bf16(v[i]);
+}
+
+dtl_status dtl__act_fp8_dequantize(const dtl__act_fp8_rows *q, dtl_dtype t, void *y, int64_t ldy) {
+  static const char fn[] = "dtl__act_fp8_dequantize";
+  DTL_TRY(dtl__act_fp8_check(fn, q, t, "ldy", ldy));
+  DTL_CHECK_ARG(y != NULL || q->rows == 0, fn, "y=NULL with %lld rows", (long long)q->rows);
+  const size_t es = dtl_dtype_size(t);
+  const int64_t nb = dtl__act_fp8_blocks(q->cols);
+  uint8_t c[B];
+  float v[B];
+  for (int64_t r = 0; r < q->rows; r++) {
+    char *row = (char *)y + (size_t)(r * ldy) * es;
+    for (int64_t b = 0; b < nb; b++) {
+      int64_t c0 = b * B;
+      int n = (int)(q->cols - c0 < B ? q->cols - c0 : B);
+      memcpy(c, q->codes + r * q->ldc + c0, (size_t)n);
+      memset(c + n, 0, (size_t)(B - n));
+      dtl__block_values(c, q->scales[r * q->lds + b], v);
+      if (t == DTL_FLOAT32) {
+        memcpy((float *)row + c0, v, sizeof(float) * (size_t)n);
+      } else {
+        uint16_t *h = (uint16_t *)row + c0;
+        if (t == DTL_BFLOAT16)
+          dtl__store_bf16(v, n, h);
+        else
+          for (int i = 0; i < n; i++) h[i] = dtl__f32_to_f16(v[i]);
+      }
+    }
+  }
+  return DTL_OK;
+}

@@ -38,6 +38,20 @@ typedef int32_t dtl__v8i __attribute__((vector_size(32)));
 typedef float dtl__v8f __attribute__((vector_size(32)));
 typedef uint16_t dtl__v8h __attribute__((vector_size(16)));
 typedef uint8_t dtl__v8b __attribute__((vector_size(8)));
+typedef uint8_t dtl__v32b __attribute__((vector_size(32)));
+typedef uint16_t dtl__v16h __attribute__((vector_size(32)));
+
+/* The low byte, and the high 16 bits, of each lane (little-endian lanes): a shuffle, where a narrowing conversion
+ * would go lane by lane through scalar registers. */
+#if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12)
+#define DTL__V8_LOW_BYTES(v) \
+  __builtin_shufflevector((dtl__v32b)(v), (dtl__v32b)(v), 0, 4, 8, 12, 16, 20, 24, 28)
+#define DTL__V8_HIGH_HALVES(v) \
+  __builtin_shufflevector((dtl__v16h)(v), (dtl__v16h)(v), 1, 3, 5, 7, 9, 11, 13, 15)
+#else
+#define DTL__V8_LOW_BYTES(v) __builtin_convertvector((v) & 0xffu, dtl__v8b)
+#define DTL__V8_HIGH_HALVES(v) __builtin_convertvector((v) >> 16, dtl__v8h)
+#endif
 
 /* a where mask is set (all ones), else b (a macro: an AVX vector argument would change the ABI of a function). */
 #define DTL__V8_SELECT(mask, a, b) (((a) & (mask)) | ((b) & ~(mask)))
@@ -91,7 +105,7 @@ static void dtl__block_codes(const float *v, float s, uint8_t *out) {
     dtl__v8u qs = (dtl__v8u)((dtl__v8f)mag + 16384.0f) - 0x46800000u;
     dtl__v8u q = DTL__V8_SELECT((dtl__v8u)(mag < 0x3c800000u), qs, qn);
     q = DTL__V8_SELECT((dtl__v8u)(q > 0x7eu), (dtl__v8u){0} + 0x7eu, q) | sign;
-    dtl__v8b b = __builtin_convertvector(q, dtl__v8b);
+    dtl__v8b b = DTL__V8_LOW_BYTES(q);
     memcpy(out + i, &b, sizeof b);
   }
 }
@@ -155,8 +169,8 @@ static void dtl__store_bf16(const float *v, int n, uint16_t *h) {
     dtl__v8u u;
     memcpy(&u, v + i, sizeof u);
     dtl__v8u nan = (dtl__v8u)((u & 0x7fffffffu) > 0x7f800000u);
-    dtl__v8u r = DTL__V8_SELECT(nan, (u >> 16) | 0x40u, (u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-    dtl__v8h o = __builtin_convertvector(r, dtl__v8h);
+    dtl__v8u r = DTL__V8_SELECT(nan, u | 0x400000u, u + 0x7fffu + ((u >> 16) & 1u));
+    dtl__v8h o = DTL__V8_HIGH_HALVES(r);
     memcpy(h + i, &o, sizeof o);
   }
   for (; i < n; i++) h[i] = dtl__f32_to_bf16(v[i]);

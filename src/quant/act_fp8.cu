@@ -109,28 +109,35 @@ dtl_status launched(const char *fn) {
 
 }  // namespace
 
-extern "C" dtl_status dtl__act_fp8_quantize_cuda(const void *x, dtl_dtype t, int64_t ldx, const dtl__act_fp8_rows *q,
-                                                 void *stream) {
+extern "C" dtl_status dtl__act_fp8_quantize_cuda(const dtl__mem *mem, const void *x, dtl_dtype t, int64_t ldx,
+                                                 const dtl__act_fp8_rows *q) {
   static const char fn[] = "dtl__act_fp8_quantize_cuda";
   const int64_t nb = dtl__act_fp8_blocks(q->cols), units = q->rows * nb;
   if (units == 0) return DTL_OK;
-  return with_type(t, [&](auto z) {
+  int prev;
+  DTL_TRY(dtl__cuda_device_enter(mem->device, fn, &prev));
+  dtl_status st = with_type(t, [&](auto z) {
     using T = decltype(z);
-    quantize_kernel<T><<<blocks_for(units, kWarps), kThreads, 0, (cudaStream_t)stream>>>((const T *)x, ldx, *q, nb);
+    quantize_kernel<T><<<blocks_for(units, kWarps), kThreads, 0, (cudaStream_t)mem->stream>>>((const T *)x, ldx, *q,
+                                                                                             nb);
     return launched(fn);
   });
+  return dtl__cuda_device_leave(prev, st);
 }
 
-extern "C" dtl_status dtl__act_fp8_dequantize_cuda(const dtl__act_fp8_rows *q, dtl_dtype t, void *y, int64_t ldy,
-                                                   void *stream) {
+extern "C" dtl_status dtl__act_fp8_dequantize_cuda(const dtl__mem *mem, const dtl__act_fp8_rows *q, dtl_dtype t,
+                                                   void *y, int64_t ldy) {
   static const char fn[] = "dtl__act_fp8_dequantize_cuda";
   const int64_t n = q->rows * q->cols;
   if (n == 0) return DTL_OK;
-  return with_type(t, [&](auto z) {
+  int prev;
+  DTL_TRY(dtl__cuda_device_enter(mem->device, fn, &prev));
+  dtl_status st = with_type(t, [&](auto z) {
     using T = decltype(z);
-    dequantize_kernel<T><<<blocks_for(n, kThreads), kThreads, 0, (cudaStream_t)stream>>>(*q, (T *)y, ldy);
+    dequantize_kernel<T><<<blocks_for(n, kThreads), kThreads, 0, (cudaStream_t)mem->stream>>>(*q, (T *)y, ldy);
     return launched(fn);
   });
+  return dtl__cuda_device_leave(prev, st);
 }
 
 extern "C" dtl_status dtl__act_fp8_quantize_emulate(const void *x, dtl_dtype t, int64_t ldx, const dtl__act_fp8_rows *q) {

@@ -10,7 +10,7 @@
 #ifndef DTL_QUANT_ACT_FP8_H
 #define DTL_QUANT_ACT_FP8_H
 
-#include "common/internal.h"
+#include "comm/memory.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -70,12 +70,13 @@ dtl_status dtl__act_fp8_quantize(const char *fn, const void *x, dtl_dtype t, int
 dtl_status dtl__act_fp8_dequantize(const dtl__act_fp8_rows *q, dtl_dtype t, void *y, int64_t ldy);
 
 #if DTL_HAVE_NCCL
-/* Device (act_fp8.cu): the same on the current device's memory, enqueued on stream (a cudaStream_t), with the
+/* Device (act_fp8.cu): the same on buffers of mem (CUDA device memory), enqueued on its stream and device, with the
  * hardware conversions (cuda_fp8.h, saturating). A NaN element gives a NaN code; an infinity makes its block's
- * scale infinite and its codes NaN. The caller checks shapes (dtl__act_fp8_check) first. */
-dtl_status dtl__act_fp8_quantize_cuda(const void *x, dtl_dtype t, int64_t ldx, const dtl__act_fp8_rows *q,
-                                      void *stream);
-dtl_status dtl__act_fp8_dequantize_cuda(const dtl__act_fp8_rows *q, dtl_dtype t, void *y, int64_t ldy, void *stream);
+ * scale infinite, so that the whole block dequantizes to NaN. The caller checks shapes (dtl__act_fp8_check) first. */
+dtl_status dtl__act_fp8_quantize_cuda(const dtl__mem *mem, const void *x, dtl_dtype t, int64_t ldx,
+                                      const dtl__act_fp8_rows *q);
+dtl_status dtl__act_fp8_dequantize_cuda(const dtl__mem *mem, const dtl__act_fp8_rows *q, dtl_dtype t, void *y,
+                                        int64_t ldy);
 /* The device kernels' code run on the host over host memory, block by block and thread by thread (the warp's
  * maximum a sequential loop). For tests; not a fast path. */
 dtl_status dtl__act_fp8_quantize_emulate(const void *x, dtl_dtype t, int64_t ldx, const dtl__act_fp8_rows *q);

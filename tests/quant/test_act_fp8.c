@@ -3,7 +3,7 @@
  * and 128-column block: amax = max(max |x|, 1e-4), code = e4m3(x * (448 / amax)) by dtl__f32_to_f8e4m3, scale =
  * amax * (1 / 448)), bit for bit: f32, f16 and bf16 rows, widths on both sides of the block edges, strided and
  * packed rows, every rounding boundary of the conversion, zero and tiny blocks, dequantization, the error bound of
- * the round trip, and bad input. In CUDA builds also the device kernels' code, run on the host, against the host
+ * the round trip, and bad input. The reference is tests/common/act_fp8_ref.h. In CUDA builds also the device kernels' code, run on the host, against the host
  * kernels. */
 #include <math.h>
 #include <setjmp.h>
@@ -16,6 +16,7 @@
 #include <cmocka.h>
 #include "common/half.h"
 #include "quant/act_fp8.h"
+#include "act_fp8_ref.h"
 
 static const dtl_dtype kTypes[3] = {DTL_FLOAT32, DTL_FLOAT16, DTL_BFLOAT16};
 static const int64_t kCols[] = {1, 5, 127, 128, 129, 200, 256, 300, 515};
@@ -26,34 +27,6 @@ static uint32_t rnd(void) {
   return (uint32_t)(g_rng >> 16);
 }
 
-/* --- the reference ---------------------------------------------------------------------------------------- */
-static float ref_load(const void *x, size_t i, dtl_dtype t) {
-  if (t == DTL_FLOAT32) return ((const float *)x)[i];
-  uint16_t h = ((const uint16_t *)x)[i];
-  return t == DTL_BFLOAT16 ? dtl__bf16_to_f32(h) : dtl__f16_to_f32(h);
-}
-
-static void ref_store(void *y, size_t i, dtl_dtype t, float v) {
-  if (t == DTL_FLOAT32) ((float *)y)[i] = v;
-  else ((uint16_t *)y)[i] = t == DTL_BFLOAT16 ? dtl__f32_to_bf16(v) : dtl__f32_to_f16(v);
-}
-
-/* x [rows, cols] (row stride ldx) -> codes [rows, cols], scales [rows, ceil(cols/128)], packed. */
-static void ref_quantize(const void *x, dtl_dtype t, int64_t rows, int64_t cols, int64_t ldx, uint8_t *codes,
-                         float *scales) {
-  int64_t nb = (cols + 127) / 128;
-  for (int64_t r = 0; r < rows; r++)
-    for (int64_t b = 0; b < nb; b++) {
-      int64_t c1 = (b + 1) * 128 < cols ? (b + 1) * 128 : cols;
-      float amax = 0;
-      for (int64_t c = b * 128; c < c1; c++) amax = fmaxf(amax, fabsf(ref_load(x, (size_t)(r * ldx + c), t)));
-      amax = fmaxf(amax, 1e-4f);
-      float s = 448.0f / amax;
-      for (int64_t c = b * 128; c < c1; c++) codes[r * cols + c] = dtl__f32_to_f8e4m3(ref_load(x, (size_t)(r * ldx + c), t) * s);
-      scales[r * nb + b] = amax * (1.0f / 448.0f);
-    }
-}
-
 /* Values over many binades, both signs, some exact zeros and blocks of a much smaller magnitude than others. */
 static void *random_rows(dtl_dtype t, int64_t rows, int64_t ldx) {
   size_t n = (size_t)(rows * ldx), es = dtl_dtype_size(t);
@@ -62,7 +35,7 @@ static void *random_rows(dtl_dtype t, int64_t rows, int64_t ldx) {
     int e = (int)(rnd() % 24) - 16 - (int)((i / 128) % 3) * 6;
     float v = ldexpf((float)(rnd() % 1000000) / 1e6f + 0.5f, e) * (rnd() & 1 ? -1.0f : 1.0f);
     if (rnd() % 17 == 0) v = 0.0f;
-    ref_store(x, i, t, v);
+    ref_fp8_store(x, i, t, v);
   }
   return x;
 }
@@ -109,7 +82,7 @@ static void quantize_equals_the_reference_rule_bit_for_bit_on_both_sides_of_bloc
       void *x = random_rows(t, rows, ldx);
       uint8_t *rc = malloc((size_t)(rows * cols)), *pk = malloc(rows * dtl__act_fp8_row_bytes(cols));
       float *rs = malloc(sizeof(float) * (size_t)(rows * nb));
-      ref_quantize(x, t, rows, cols, ldx, rc, rs);
+      ref_fp8_quantize(x, t, rows, cols, ldx, rc, rs);
       /* Packed rows, as they travel. */
       dtl__act_fp8_rows q = dtl__act_fp8_packed(pk, rows, cols);
       assert_int_equal(dtl__act_fp8_quantize("test", x, t, ldx, 0, &q), DTL_OK);
@@ -200,11 +173,11 @@ static void dequantize_is_code_times_scale_in_f32_rounded_once_to_the_dtype(void
       for (int64_t c = 0; c < cols; c++) {
         size_t i = (size_t)(r * (cols + 1) + c);
         float v = dtl__f8e4m3_to_f32(codes[r * cols + c]) * scales[r * 2 + c / 128];
-        ref_store(want, i, t, v);
-        if (isnan(v)) assert_true(isnan(ref_load(y, i, t)));
+        ref_fp8_store(want, i, t, v);
+        if (isnan(v)) assert_true(isnan(ref_fp8_load(y, i, t)));
         else if (memcmp(y + i * es, want + i * es, es))
           fail_msg("%s code 0x%02x scale %g: %.9g, want %.9g", dtl_dtype_name(t), codes[r * cols + c],
-                   scales[r * 2 + c / 128], ref_load(y, i, t), ref_load(want, i, t));
+                   scales[r * 2 + c / 128], ref_fp8_load(y, i, t), ref_fp8_load(want, i, t));
       }
     free(y), free(want);
   }
@@ -224,7 +197,7 @@ static void the_round_trip_error_is_within_half_an_e4m3_ulp(void **state) {
   for (int64_t r = 0; r < rows; r++)
     for (int64_t c = 0; c < cols; c++) {
       double s = q.scales[r * q.lds + c / 128], v = x[r * cols + c], e = fabs(y[r * cols + c] - v);
-      double bound = ldexp(fabs(v), -4) + ldexp(s, -10) + ldexp(fabs(v), -21);
+      double bound = ref_fp8_bound(v, s);
       if (!(e <= bound)) fail_msg("row %lld column %lld: %.9g -> %.9g (error %.3g > %.3g)", (long long)r, (long long)c, v,
                                   (double)y[r * cols + c], e, bound);
       if (fabs(v) >= 448.0 / 64 * s) worst_rel = fmax(worst_rel, e / fabs(v)); /* e4m3's normal range */
@@ -244,7 +217,7 @@ static void nan_or_infinity_is_refused_naming_the_row_and_column_and_later_rows_
     for (int k = 0; k < 3; k++) {
       dtl_dtype t = kTypes[ti];
       void *x = random_rows(t, rows, cols);
-      ref_store(x, (size_t)(2 * cols + 130), t, bad[k]);
+      ref_fp8_store(x, (size_t)(2 * cols + 130), t, bad[k]);
       uint8_t *pk = malloc((size_t)rows * dtl__act_fp8_row_bytes(cols));
       size_t rb = dtl__act_fp8_row_bytes(cols);
       memset(pk, 0xa5, (size_t)rows * rb);

@@ -148,8 +148,8 @@ typedef struct {
  * returns an error: that rank its own message naming the value, the others the same status naming the
  * rank. If ranks disagree on what must be common (experts, placement table, k, hidden, dtype, capacity
  * factor, policy, padding, exchange, verify, FP8 dispatch), every rank returns DTL_ERR_MISMATCH naming the
- * argument: the counts one rank would send would then differ from what its peers expect. The agreement runs on c when it
- * is a host communicator, on count_comm when c is a device one (no device round trip). Checked on the
+ * argument: the counts one rank would send would then differ from what its peers expect. The agreement runs
+ * on c when it is a host communicator, on count_comm when c is a device one (no device round trip). Checked on the
  * calling rank alone, since they leave no channel to the peers: c NULL or aborted, and for a device c a
  * count_comm that is missing, NULL, a device communicator, aborted or over other ranks. Not detectable:
  * ranks that do not call at all (a hang, as for any collective). */
@@ -177,9 +177,9 @@ DTL_API dtl_status dtl_moe_layout_expert_counts(const dtl_moe_layout *L, int64_t
 DTL_API dtl_status dtl_moe_layout_token_counts(const dtl_moe_layout *L, int64_t *kept, int64_t *dropped);
 
 /* Collective. x [tokens, hidden] -> expert_in [expert_rows, hidden], both in the communicator's memory, in
- * the dispatch order above (on an FP8 layout, the rows dequantized from FP8: see FP8 dispatch). x is not modified. Callable any number of times with the same layout; one
- * layout serves one dispatch or combine at a time (they share its staging). On a device communicator the
- * work is enqueued on its stream. */
+ * the dispatch order above (on an FP8 layout, the rows dequantized from FP8: see FP8 dispatch). x is not
+ * modified. Callable any number of times with the same layout; one layout serves one dispatch or combine at a
+ * time (they share its staging). On a device communicator the work is enqueued on its stream. */
 DTL_API dtl_status dtl_moe_layout_dispatch(dtl_moe_layout *L, const void *x, void *expert_in);
 /* FP8 dispatch, DeepEP's format (a layout made with DTL_MOE_LAYOUT_FP8_DISPATCH in params.flags, of dtype f32, f16
  * or bf16: any other dtype is DTL_ERR_INVALID_ARGUMENT at creation). Each token row travels as hidden e4m3 codes
@@ -190,9 +190,11 @@ DTL_API dtl_status dtl_moe_layout_dispatch(dtl_moe_layout *L, const void *x, voi
  * scale 1e-4 / 448). A row is quantized once on its own rank however many experts it goes to, and the one
  * all-to-all-v of a plain dispatch moves its codes and scales together: hidden + 4 ceil(hidden / 128) bytes a row
  * (plus up to 3 bytes that align the scales), 0.52x of a bf16 row at hidden 4096. Combine does not change: it moves
- * dtype rows. On such a layout dtl_moe_layout_dispatch writes dtype rows, code * scale rounded once to dtype, into
- * expert_in: bit for bit what a plain layout's dispatch of dequantize(quantize(x)) writes, so dtl_moe_experts_run and
- * combine work as before; dtl_moe_layout_dispatch_fp8 hands the codes and scales themselves to an FP8 GEMM. Host
+ * dtype rows. DTL_MOE_EXCHANGE_AUTO decides on the dtype rows' bytes, so an FP8 layout travels like the plain
+ * layout of its routing. On such a layout dtl_moe_layout_dispatch writes dtype rows, code * scale rounded once to
+ * dtype, into expert_in: bit for bit what a plain layout's dispatch of dequantize(quantize(x)) writes, so
+ * dtl_moe_experts_run and combine work as before; dtl_moe_layout_dispatch_fp8 hands the codes and scales
+ * themselves to an FP8 GEMM. Host
  * memory: a NaN or infinite element of x is DTL_ERR_INVALID_ARGUMENT naming its token row and column, nothing is
  * written, and with verify every rank fails (as for any bad argument). Device memory: x is not checked (that would
  * wait for the stream); a NaN element dequantizes to NaN, an infinity makes its whole 128-column block NaN. */

@@ -84,7 +84,8 @@ dtl_status dtl__moe_dispatch_fp8(dtl_moe_layout *L, const char *fn, const void *
   void *region = L->exchange == DTL_MOE_EXCHANGE_SINGLE ? L->recv_buf : L->fp8_in;
   for (int i = 0; i < L->calls; i++)
     DTL_TRY(dtl__all_to_allv_agreed(c, (char *)L->send_buf + (size_t)L->send_base[i] * rb,
-                                    L->fp8_send_counts + (size_t)i * L->size, (char *)region + (size_t)L->recv_base[i] * rb,
+                                    L->fp8_send_counts + (size_t)i * L->size,
+                                    (char *)region + (size_t)L->recv_base[i] * rb,
                                     L->fp8_recv_counts + (size_t)i * L->size, DTL_UINT8));
   DTL_TRY(dtl__moe_move(L, rb, L->regroup, L->nregroup, &L->dev_regroup, false, L->recv_buf, NULL, L->fp8_in, 0));
   return dtl__unpack(L, fn, raw, expert_in, codes, scales);

@@ -17,7 +17,8 @@
 
 enum { B = DTL__ACT_FP8_BLOCK };
 
-dtl_status dtl__act_fp8_check(const char *fn, const dtl__act_fp8_rows *q, dtl_dtype t, const char *ld_name, int64_t ld) {
+dtl_status dtl__act_fp8_check(const char *fn, const dtl__act_fp8_rows *q, dtl_dtype t, const char *ld_name,
+                              int64_t ld) {
   DTL_CHECK_ARG(dtl__act_fp8_dtype_ok(t), fn, "dtype=%s (FP8 activations convert from and to f32, f16 or bf16)",
                 dtl_dtype_name(t) ? dtl_dtype_name(t) : "?");
   DTL_CHECK_ARG(q->rows >= 0, fn, "rows=%lld (expected >= 0)", (long long)q->rows);
@@ -150,7 +151,9 @@ DTL__INLINE void dtl__block_values(const uint8_t *c, float scale, void *out, int
 static void dtl__load_block(const void *row, dtl_dtype t, int64_t c0, int n, float *v) {
   for (int i = 0; i < n; i++) {
     const uint16_t h = t == DTL_FLOAT32 ? 0 : ((const uint16_t *)row)[c0 + i];
-    v[i] = t == DTL_FLOAT32 ? ((const float *)row)[c0 + i] : t == DTL_BFLOAT16 ? dtl__bf16_to_f32(h) : dtl__f16_to_f32(h);
+    v[i] = t == DTL_FLOAT32    ? ((const float *)row)[c0 + i]
+           : t == DTL_BFLOAT16 ? dtl__bf16_to_f32(h)
+                               : dtl__f16_to_f32(h);
   }
   for (int i = n; i < B; i++) v[i] = 0.0f;
 }
@@ -217,8 +220,9 @@ dtl_status dtl__act_fp8_quantize(const char *fn, const void *x, dtl_dtype t, int
     memcpy(&h, p, sizeof h);
     v = t == DTL_BFLOAT16 ? dtl__bf16_to_f32(h) : dtl__f16_to_f32(h);
   }
-  return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "x row %lld column %lld is %s (FP8 quantization takes finite values)",
-                       (long long)(row0 + r), (long long)col, dtl__nonfinite_name(v));
+  return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn,
+                       "x row %lld column %lld is %s (FP8 quantization takes finite values)", (long long)(row0 + r),
+                       (long long)col, dtl__nonfinite_name(v));
 }
 
 /* The rows of a dequantization: full blocks of f32 and bf16 rows written in place, the others through buffers. */

@@ -140,7 +140,8 @@ extern "C" dtl_status dtl__act_fp8_dequantize_cuda(const dtl__mem *mem, const dt
   return dtl__cuda_device_leave(prev, st);
 }
 
-extern "C" dtl_status dtl__act_fp8_quantize_emulate(const void *x, dtl_dtype t, int64_t ldx, const dtl__act_fp8_rows *q) {
+extern "C" dtl_status dtl__act_fp8_quantize_emulate(const void *x, dtl_dtype t, int64_t ldx,
+                                                    const dtl__act_fp8_rows *q) {
   DTL_TRY(dtl__act_fp8_check("dtl__act_fp8_quantize_emulate", q, t, "ldx", ldx));
   const int64_t nb = dtl__act_fp8_blocks(q->cols);
   return with_type(t, [&](auto z) {

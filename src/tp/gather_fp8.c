@@ -7,7 +7,8 @@
 #include "quant/act_fp8.h"
 #include "tp/tp_internal.h"
 
-/* The DTL__TP_WS_FP8 slot: the packed rows of all tokens (the all-gather's output), then this rank's own (its input). */
+/* The DTL__TP_WS_FP8 slot: the packed rows of all tokens (the all-gather's output), then this rank's own (its
+ * input). */
 static dtl_status dtl__tp_fp8_slot(dtl_tp_context *ctx, int64_t tokens, int64_t features, char **all, char **mine) {
   size_t rb = dtl__act_fp8_row_bytes(features);
   int64_t local = dtl__tp_chunk(ctx, tokens, ctx->rank).count;

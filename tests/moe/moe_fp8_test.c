@@ -119,7 +119,8 @@ static void fp8_dispatch_is_the_plain_dispatch_of_the_round_trip(const scenario 
 
   /* The raw form: each expert row holds its token's codes and scales, rows in the documented order. */
   uint8_t *codes = malloc(ecells), *want_codes = calloc(ecells, 1);
-  float *scales = malloc(sizeof(float) * (size_t)(R * nb + 1)), *want_scales = calloc((size_t)(R * nb + 1), sizeof(float));
+  float *scales = malloc(sizeof(float) * (size_t)(R * nb + 1));
+  float *want_scales = calloc((size_t)(R * nb + 1), sizeof(float));
   memset(codes, 0xa5, ecells);
   memset(scales, 0xa5, sizeof(float) * (size_t)(R * nb));
   CHECK_OK(dtl_moe_layout_dispatch_fp8(L8, mine->x, codes, scales));

@@ -2,8 +2,9 @@
 /* Out of memory at every allocation of every MoE entry point (tests/common/dt_oom.h): the router, the
  * placement, the layout (agreed: one rank's failure fails every rank), and the first dispatch, experts
  * (the MLP expert's scratch) and combine of a fresh layout, with both exchanges, plain and FP8 dispatch
- * (DTL_MOE_LAYOUT_FP8_DISPATCH), with the failure on every rank and on one. Each failure is DTL_ERR_OUT_OF_MEMORY (or the agreed error), frees what it allocated,
- * writes no output, and the next call works. Runs at 1 and 2 ranks with DTL_CHECK=1. */
+ * (DTL_MOE_LAYOUT_FP8_DISPATCH), with the failure on every rank and on one. Each failure is
+ * DTL_ERR_OUT_OF_MEMORY (or the agreed error), frees what it allocated, writes no output, and the next call
+ * works. Runs at 1 and 2 ranks with DTL_CHECK=1. */
 #include "dt_oom.h"
 #include "dtl/moe.h"
 

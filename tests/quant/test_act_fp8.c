@@ -3,8 +3,8 @@
  * and 128-column block: amax = max(max |x|, 1e-4), code = e4m3(x * (448 / amax)) by dtl__f32_to_f8e4m3, scale =
  * amax * (1 / 448)), bit for bit: f32, f16 and bf16 rows, widths on both sides of the block edges, strided and
  * packed rows, every rounding boundary of the conversion, zero and tiny blocks, dequantization, the error bound of
- * the round trip, and bad input. The reference is tests/common/act_fp8_ref.h. In CUDA builds also the device kernels' code, run on the host, against the host
- * kernels. */
+ * the round trip, and bad input. The reference is tests/common/act_fp8_ref.h. In CUDA builds also the device
+ * kernels' code, run on the host, against the host kernels. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -53,8 +53,8 @@ static void expect_rows_equal(const dtl__act_fp8_rows *q, const uint8_t *codes, 
                  (long long)r, (long long)c, q->codes[r * q->ldc + c], codes[r * q->cols + c]);
     for (int64_t b = 0; b < nb; b++)
       if (dtl__f32_to_bits(q->scales[r * q->lds + b]) != dtl__f32_to_bits(scales[r * nb + b]))
-        fail_msg("%s: cols %lld row %lld block %lld: scale %.9g, reference %.9g", what, (long long)q->cols, (long long)r,
-                 (long long)b, q->scales[r * q->lds + b], scales[r * nb + b]);
+        fail_msg("%s: cols %lld row %lld block %lld: scale %.9g, reference %.9g", what, (long long)q->cols,
+                 (long long)r, (long long)b, q->scales[r * q->lds + b], scales[r * nb + b]);
   }
 }
 
@@ -198,8 +198,9 @@ static void the_round_trip_error_is_within_half_an_e4m3_ulp(void **state) {
     for (int64_t c = 0; c < cols; c++) {
       double s = q.scales[r * q.lds + c / 128], v = x[r * cols + c], e = fabs(y[r * cols + c] - v);
       double bound = ref_fp8_bound(v, s);
-      if (!(e <= bound)) fail_msg("row %lld column %lld: %.9g -> %.9g (error %.3g > %.3g)", (long long)r, (long long)c, v,
-                                  (double)y[r * cols + c], e, bound);
+      if (!(e <= bound))
+        fail_msg("row %lld column %lld: %.9g -> %.9g (error %.3g > %.3g)", (long long)r, (long long)c, v,
+                 (double)y[r * cols + c], e, bound);
       if (fabs(v) >= 448.0 / 64 * s) worst_rel = fmax(worst_rel, e / fabs(v)); /* e4m3's normal range */
     }
   assert_true(worst_rel <= 0.0625 + 1e-6);

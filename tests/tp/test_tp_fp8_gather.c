@@ -23,7 +23,8 @@ static dtl_tp_context *fp8_context(dtl_dtype t) {
 /* The dense [T, F] tensor of dtype t (every rank builds all of it; data-parallel replicas differ). */
 static void *dense(dtl_dtype t, int64_t T, int64_t F, uint64_t seed) {
   void *x = malloc(dtl_dtype_size(t) * (size_t)(T * F + 1));
-  for (int64_t i = 0; i < T * F; i++) ref_fp8_store(x, (size_t)i, t, ref_fp8_value(seed * 131 + (uint64_t)E.data_coord, (uint64_t)i));
+  for (int64_t i = 0; i < T * F; i++)
+    ref_fp8_store(x, (size_t)i, t, ref_fp8_value(seed * 131 + (uint64_t)E.data_coord, (uint64_t)i));
   return x;
 }
 
@@ -52,14 +53,16 @@ static void sequence_gather_is_the_round_trip_of_the_dense_tensor_bit_for_bit(vo
         CHECK_OK(dtl_tp_activation_layout(c8, T, F, dtl_shard(0), &l));
         char *got = malloc(es * (size_t)(T * F + 1));
         CHECK_OK(dtl_tp_sequence_gather(c8, l, n ? mine : NULL, got));
-        CHECK(memcmp(got, want, es * (size_t)(T * F)) == 0, "%s T=%lld F=%lld: the gathered tensor is not the round trip",
-              dtl_dtype_name(t), (long long)T, (long long)F);
+        CHECK(memcmp(got, want, es * (size_t)(T * F)) == 0,
+              "%s T=%lld F=%lld: the gathered tensor is not the round trip", dtl_dtype_name(t), (long long)T,
+              (long long)F);
         for (int64_t r = 0; r < T; r++) {
           double rowmax = 0, rowerr = 0;
           for (int64_t h = 0; h < F; h++) rowmax = fmax(rowmax, fabs(ref_fp8_load(x, (size_t)(r * F + h), t)));
           for (int64_t h = 0; h < F; h++) {
             size_t i = (size_t)(r * F + h);
-            double v = ref_fp8_load(x, i, t), g = ref_fp8_load(got, i, t), e = fabs(g - v), s = scales[r * nb + h / 128];
+            double v = ref_fp8_load(x, i, t), g = ref_fp8_load(got, i, t), e = fabs(g - v);
+            double s = scales[r * nb + h / 128];
             double bound = ref_fp8_bound(v, s) + (t == DTL_FLOAT32 ? 0 : ldexp(fabs(v), t == DTL_FLOAT16 ? -10 : -7));
             CHECK(e <= bound, "%s T=%lld F=%lld row %lld column %lld: %.9g -> %.9g (error %.3g > %.3g)",
                   dtl_dtype_name(t), (long long)T, (long long)F, (long long)r, (long long)h, v, g, e, bound);
@@ -84,9 +87,15 @@ static void sequence_gather_is_the_round_trip_of_the_dense_tensor_bit_for_bit(vo
 
 /* --- layers ------------------------------------------------------------------------------------------------ */
 typedef dtl_status (*forward_fn)(void *layer, const dtl_layout *xl, const void *x, void *y);
-static dtl_status fwd_linear(void *l, const dtl_layout *xl, const void *x, void *y) { return dtl_tp_linear_forward(l, xl, x, y); }
-static dtl_status fwd_mlp(void *l, const dtl_layout *xl, const void *x, void *y) { return dtl_tp_mlp_forward(l, xl, x, y); }
-static dtl_status fwd_attn(void *l, const dtl_layout *xl, const void *x, void *y) { return dtl_tp_attention_forward(l, xl, x, y); }
+static dtl_status fwd_linear(void *l, const dtl_layout *xl, const void *x, void *y) {
+  return dtl_tp_linear_forward(l, xl, x, y);
+}
+static dtl_status fwd_mlp(void *l, const dtl_layout *xl, const void *x, void *y) {
+  return dtl_tp_mlp_forward(l, xl, x, y);
+}
+static dtl_status fwd_attn(void *l, const dtl_layout *xl, const void *x, void *y) {
+  return dtl_tp_attention_forward(l, xl, x, y);
+}
 
 /* The layer of kind `which` on ctx: 0 column SP, 1 column SP + gather output, 2 row SP, 3 MLP SP, 4 attention SP. */
 static void *make_layer(dtl_tp_context *ctx, int which, int64_t H, const float *w1, const float *w2, forward_fn *f,
@@ -100,8 +109,8 @@ static void *make_layer(dtl_tp_context *ctx, int which, int64_t H, const float *
     if (layer) CHECK_OK(dtl_tp_linear_layouts(layer, T, in, out));
     *f = fwd_linear;
   } else if (which == 3) {
-    dtl_tp_mlp_params p = {.flags = DTL_TP_SEQUENCE_PARALLEL, .activation = DTL_TP_ACT_SILU_GATED, .hidden = H, .ffn = 6,
-                           .gate_up = w1, .down = w2};
+    dtl_tp_mlp_params p = {.flags = DTL_TP_SEQUENCE_PARALLEL, .activation = DTL_TP_ACT_SILU_GATED, .hidden = H,
+                           .ffn = 6, .gate_up = w1, .down = w2};
     CHECK_OK(dtl_tp_mlp_create(ctx, &p, (dtl_tp_mlp **)&layer));
     if (layer) CHECK_OK(dtl_tp_mlp_layouts(layer, T, in, out));
     *f = fwd_mlp;
@@ -140,7 +149,8 @@ static void sp_layers_equal_the_plain_layers_on_the_round_trip_and_row_parallel_
     int64_t s[2], o[2];
     dtl_layout_local_box(in, NULL, s, o);
     size_t ny = dtl_layout_local_count(out);
-    float *xin = malloc(sizeof(float) * (size_t)(s[0] * s[1] + 1)), *xqin = malloc(sizeof(float) * (size_t)(s[0] * s[1] + 1));
+    float *xin = malloc(sizeof(float) * (size_t)(s[0] * s[1] + 1));
+    float *xqin = malloc(sizeof(float) * (size_t)(s[0] * s[1] + 1));
     for (int64_t r = 0; r < s[0]; r++)
       for (int64_t c = 0; c < s[1]; c++) {
         int64_t g = (o[0] + r) * H + o[1] + c;
@@ -190,7 +200,8 @@ static void nan_or_inf_on_one_rank_fails_every_rank_naming_the_global_token_row(
   for (int round = 0; round < 3; round++) {
     if (E.rank == bad) mine[F + 129 - (n > 1 ? 0 : F)] = round == 1 ? INFINITY : NAN;
     memset(y, 0x5a, sizeof(float) * (size_t)(T * F));
-    dtl_status st = round < 2 ? dtl_tp_sequence_gather(c8, l, n ? mine : NULL, y) : dtl_tp_linear_forward(lin, l, mine, y);
+    dtl_status st = round < 2 ? dtl_tp_sequence_gather(c8, l, n ? mine : NULL, y)
+                              : dtl_tp_linear_forward(lin, l, mine, y);
     CHECK(st == DTL_ERR_INVALID_ARGUMENT, "round %d: %s (%s)", round, dtl_status_name(st), dtl_last_error());
     if (E.rank == bad) {
       char want[96];

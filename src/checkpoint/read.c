@@ -80,11 +80,7 @@ static void dtl__st_next(const dtl__st_runs *r, int64_t *idx) {
   }
 }
 
-dtl_status dtl__st_read_box(const dtl_safetensors *f, const char *fn, const dtl__st_tensor *t, int ndim,
-                            const int64_t *view, const int64_t *off, const int64_t *box, dtl_comm *comm, void *dst) {
-  uint64_t total = 1;
-  for (int d = 0; d < ndim; d++) total *= (uint64_t)box[d];
-  if (total == 0) return DTL_OK;
+dtl_status dtl__st_check_size(const dtl_safetensors *f, const char *fn, const dtl__st_tensor *t) {
   struct stat sb;
   if (fstat(f->fd, &sb) != 0 || (uint64_t)sb.st_size < f->data_start + t->end) {
     char q[DTL__QUOTE_CAP];
@@ -94,6 +90,15 @@ dtl_status dtl__st_read_box(const dtl_safetensors *f, const char *fn, const dtl_
                          f->path, dtl__quote(t->name, q, sizeof q), (long long)sb.st_size,
                          (unsigned long long)f->file_bytes);
   }
+  return DTL_OK;
+}
+
+dtl_status dtl__st_read_box(const dtl_safetensors *f, const char *fn, const dtl__st_tensor *t, int ndim,
+                            const int64_t *view, const int64_t *off, const int64_t *box, dtl_comm *comm, void *dst) {
+  uint64_t total = 1;
+  for (int d = 0; d < ndim; d++) total *= (uint64_t)box[d];
+  if (total == 0) return DTL_OK;
+  DTL_TRY(dtl__st_check_size(f, fn, t));
   dtl__st_runs r = {.off = off, .box = box, .base = f->data_start + t->begin, .es = t->dtype->size, .ndim = ndim};
   uint64_t s = 1;
   for (int d = ndim - 1; d >= 0; d--) {

@@ -135,6 +135,14 @@ dtl_status dtl__st_qsrc_init(const dtl_safetensors *f, const char *fn, const cha
     }
     DTL_CHECK_ARG(names[p] != NULL, fn, "names[%d]=NULL (%s needs the tensor of its %s)", p, kind, dtl__qpart_names[p]);
     DTL_TRY(dtl__st_qpart_init(f, fn, names[p], g, p, &s.t[p]));
+    /* The boxes come from the geometry; one outside the part would read another tensor's bytes. */
+    for (int d = 0; d < g->part[p].ndim; d++)
+      if (box->part[p].offset[d] < 0 || box->part[p].shape[d] < 0 ||
+          box->part[p].offset[d] > g->part[p].shape[d] - box->part[p].shape[d])
+        return dtl__error_fn(DTL_ERR_INTERNAL, fn, "%s: the box of the %s along dim %d (%lld+%lld) leaves the part (%lld)",
+                             dtl__quote(names[p], q, sizeof q), dtl__qpart_names[p], d,
+                             (long long)box->part[p].offset[d], (long long)box->part[p].shape[d],
+                             (long long)g->part[p].shape[d]);
     memcpy(s.off[p], box->part[p].offset, sizeof s.off[p]);
     memcpy(s.box[p], box->part[p].shape, sizeof s.box[p]);
   }

@@ -64,6 +64,25 @@ dtl_status dtl__st_pread(const dtl_safetensors *f, const char *fn, void *buf, si
 /* The file still holds t's bytes (it may have been truncated since it was opened): DTL_ERR_INVALID_ARGUMENT
  * naming the file, the tensor and both sizes otherwise. */
 dtl_status dtl__st_check_size(const dtl_safetensors *f, const char *fn, const dtl__st_tensor *t);
+/* The scratch of box reads, so that several reads can take it before the first one writes: the window (when some
+ * read gathers short runs) and host staging for device destinations. */
+typedef struct {
+  bool window;
+  size_t stage;
+} dtl__st_need;
+typedef struct {
+  char *window, *stage;
+  size_t stage_cap;
+} dtl__st_scratch;
+/* Adds what the read of box (in the view) of t needs to need (device: the destination is device memory). */
+void dtl__st_box_need(const dtl_safetensors *f, const dtl__st_tensor *t, int ndim, const int64_t *view,
+                      const int64_t *box, bool device, dtl__st_need *need);
+dtl_status dtl__st_scratch_get(const dtl_safetensors *f, const char *fn, const dtl__st_need *need, dtl__st_scratch *out);
+void dtl__st_scratch_put(dtl__st_scratch *s);
+/* dtl__st_read_box in scratch taken for it (allocates nothing). */
+dtl_status dtl__st_read_box_in(const dtl_safetensors *f, const char *fn, const dtl__st_tensor *t, int ndim,
+                               const int64_t *view, const int64_t *off, const int64_t *box, dtl_comm *comm, void *dst,
+                               const dtl__st_scratch *sc);
 /* Reads the box [off, off + box) of t seen with the row-major shape view (ndim dims, the same element count
  * as t; 0 <= off, off + box <= view, checked by the caller) into dst, packed row-major. comm names the memory
  * of dst (NULL: host). Checks first that the file still holds t's bytes. */
@@ -89,10 +108,13 @@ void dtl__st_qboxes(const dtl__qgeom *g, const int64_t *lshape, const int64_t *l
 dtl_status dtl__st_qsrc_init(const dtl_safetensors *f, const char *fn, const char *const *names, const dtl__qgeom *g,
                              const dtl_qbox *box, dtl__st_qsrc *out);
 dtl_status dtl__st_qsrc_check(const dtl_safetensors *f, const char *fn, const dtl__st_qsrc *s);
+/* The scratch the reads of s need (dtl__st_box_need), taken before the first read so that a failure to get it
+ * writes nothing. */
+void dtl__st_qsrc_need(const dtl_safetensors *f, const dtl__st_qsrc *s, bool device, dtl__st_need *need);
 /* Each part's box into dst[part] + at[part] bytes (at may be NULL: 0), in host memory or (dev not NULL) in the
- * device memory of dev. */
+ * device memory of dev, in scratch sc (dtl__st_qsrc_need's). */
 dtl_status dtl__st_qsrc_read(const dtl_safetensors *f, const char *fn, const dtl__st_qsrc *s, dtl_comm *dev,
-                             void *const *dst, const size_t *at);
+                             void *const *dst, const size_t *at, const dtl__st_scratch *sc);
 /* The Hugging Face names of the parts of format fmt under prefix (dtl_safetensors_qread_hf) into buf, and
  * names[part] pointing into it (NULL for the parts fmt lacks). GGUF kinds are DTL_ERR_UNSUPPORTED. */
 #define DTL__ST_QNAME_CAP 512

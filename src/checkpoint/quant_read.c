@@ -272,15 +272,20 @@ dtl_status dtl__st_qsrc_check(const dtl_safetensors *f, const char *fn, const dt
   return st;
 }
 
+void dtl__st_qsrc_need(const dtl_safetensors *f, const dtl__st_qsrc *s, bool device, dtl__st_need *need) {
+  for (int p = 0; p < DTL_QUANT_NUM_PARTS; p++)
+    if (s->t[p]) dtl__st_box_need(f, s->t[p], s->g->part[p].ndim, s->g->part[p].shape, s->box[p], device, need);
+}
+
 dtl_status dtl__st_qsrc_read(const dtl_safetensors *f, const char *fn, const dtl__st_qsrc *s, dtl_comm *dev,
-                             void *const *dst, const size_t *at) {
+                             void *const *dst, const size_t *at, const dtl__st_scratch *sc) {
   for (int p = 0; p < DTL_QUANT_NUM_PARTS; p++) {
     if (!s->t[p]) continue;
     const dtl__qpart_geom *pg = &s->g->part[p];
     /* The view is the format's shape of the part: a scales tensor stored with other dims of size 1 holds the
      * same bytes in the same order. */
-    DTL_TRY(dtl__st_read_box(f, fn, s->t[p], pg->ndim, pg->shape, s->off[p], s->box[p], dev,
-                             dtl__at(dst[p], at ? at[p] : 0, 1)));
+    DTL_TRY(dtl__st_read_box_in(f, fn, s->t[p], pg->ndim, pg->shape, s->off[p], s->box[p], dev,
+                                dtl__at(dst[p], at ? at[p] : 0, 1), sc));
   }
   return DTL_OK;
 }
@@ -343,7 +348,13 @@ static dtl_status dtl__st_qread(const dtl_safetensors *f, const char *fn, const 
   DTL_TRY(dtl__st_qsrc_check(f, fn, &s));
   dtl_comm *c = layout->logical.mesh->comm; /* NULL on an abstract mesh: host memory */
   dtl_comm *dev = c && c->mem.ops->memory == DTL_MEMORY_DEVICE ? c : NULL;
-  return dtl__st_qsrc_read(f, fn, &s, dev, local->part, NULL);
+  dtl__st_need need = {false, 0};
+  dtl__st_qsrc_need(f, &s, dev != NULL, &need);
+  dtl__st_scratch sc;
+  DTL_TRY(dtl__st_scratch_get(f, fn, &need, &sc));
+  dtl_status st = dtl__st_qsrc_read(f, fn, &s, dev, local->part, NULL, &sc);
+  dtl__st_scratch_put(&sc);
+  return st;
 }
 
 dtl_status dtl_safetensors_qread(const dtl_safetensors *f, const char *const *names, const dtl_qlayout *layout,

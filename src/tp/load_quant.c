@@ -137,10 +137,16 @@ static dtl_status dtl__tp_qjob_finish(dtl__tp_qjob *j, dtl_tp_qshard **out) {
       if (bytes) DTL_TRY_GOTO(dtl__mem_alloc(&j->s->comm->mem, bytes, &j->s->w[i].local.part[p]), st, fail);
     }
   dtl_comm *dev = dtl__tp_on_device(j->ctx) ? j->ctx->comm : NULL;
-  for (int i = 0; i < j->nreads; i++) {
+  dtl__st_need need = {false, 0};
+  for (int i = 0; i < j->nreads; i++) dtl__st_qsrc_need(j->f, &j->reads[i].q, dev != NULL, &need);
+  dtl__st_scratch sc;
+  DTL_TRY_GOTO(dtl__st_scratch_get(j->f, j->fn, &need, &sc), st, fail);
+  for (int i = 0; i < j->nreads && st == DTL_OK; i++) {
     const dtl__tp_qread *r = &j->reads[i];
-    DTL_TRY_GOTO(dtl__st_qsrc_read(j->f, j->fn, &r->q, dev, j->s->w[r->sub].local.part, r->at), st, fail);
+    st = dtl__st_qsrc_read(j->f, j->fn, &r->q, dev, j->s->w[r->sub].local.part, r->at, &sc);
   }
+  dtl__st_scratch_put(&sc);
+  if (st != DTL_OK) goto fail;
   dtl__free(j->reads);
   *out = j->s;
   return DTL_OK;

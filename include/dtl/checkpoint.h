@@ -8,7 +8,7 @@
  *
  * Reading is local: every rank opens the file itself (a shared or replicated filesystem is assumed) and reads
  * only the bytes of its own shard with positioned reads, never the whole tensor; no call here communicates.
- * A rank's peak memory while reading is its shard plus bounded staging (at most 8 MiB: a 4 MiB window that
+ * A rank's peak memory while reading is its shard plus bounded staging (at most 5 MiB: a 1 MiB window that
  * gathers short strided runs with one read, and, on a device, a 4 MiB host buffer on the way to the GPU).
  *
  * The file is untrusted input. dtl_safetensors_open validates the whole header before it returns a handle,

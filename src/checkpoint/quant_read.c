@@ -350,7 +350,7 @@ static dtl_status dtl__st_qread(const dtl_safetensors *f, const char *fn, const 
   dtl_comm *dev = c && c->mem.ops->memory == DTL_MEMORY_DEVICE ? c : NULL;
   dtl__st_need need = {false, 0};
   dtl__st_qsrc_need(f, &s, dev != NULL, &need);
-  dtl__st_scratch sc;
+  dtl__st_scratch sc = {NULL, NULL, 0};
   DTL_TRY(dtl__st_scratch_get(f, fn, &need, &sc));
   dtl_status st = dtl__st_qsrc_read(f, fn, &s, dev, local->part, NULL, &sc);
   dtl__st_scratch_put(&sc);

@@ -217,7 +217,7 @@ dtl_status dtl__st_read_box(const dtl_safetensors *f, const char *fn, const dtl_
   }
   /* The size check comes before the scratch, as it always did: a truncated file is reported as such. */
   DTL_TRY(dtl__st_check_size(f, fn, t));
-  dtl__st_scratch sc;
+  dtl__st_scratch sc = {NULL, NULL, 0};
   DTL_TRY(dtl__st_scratch_get(f, fn, &need, &sc));
   dtl_status st = dtl__st_read_box_in(f, fn, t, ndim, view, off, box, comm, dst, &sc);
   dtl__st_scratch_put(&sc);

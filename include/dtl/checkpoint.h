@@ -97,7 +97,7 @@ DTL_API dtl_status dtl_safetensors_read_box(const dtl_safetensors *f, const char
  * give (naming the tensor, the part, the dim and the numbers: "dim 1 is 3, expected ceil(500 / 128) = 4 (blocks of the
  * tensor's dim 1)"), a name for a part the format lacks, the file truncated since it was opened; only an I/O error while
  * the boxes are read may leave local partly written, as for dtl_safetensors_read. Peak memory: local plus the
- * dense reader's bound. GGUF kinds are not stored in safetensors files (DTL_ERR_UNSUPPORTED from the _hf form).
+ * dense reader's bound. GGUF kinds are not stored in safetensors files: DTL_ERR_UNSUPPORTED.
  * Purely local, like every read here. */
 DTL_API dtl_status dtl_safetensors_qread(const dtl_safetensors *f, const char *const *names, const dtl_qlayout *layout,
                                          dtl_qbuf *local);

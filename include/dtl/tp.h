@@ -70,12 +70,26 @@ typedef struct dtl_tp_context dtl_tp_context;
  * instead of the dense tensor; so a rank never holds a dense weight. */
 #define DTL_TP_SHARDED_WEIGHTS DTL_BIT(4)
 #define DTL_TP_ROPE DTL_BIT(5) /* mask, attention: rope_theta is read: rotary position embedding on q and k */
+#define DTL_TP_FP8_GATHER DTL_BIT(6) /* flags, options: sequence-parallel gathers move FP8 (below) */
 
 typedef struct {
   uint64_t mask;   /* DTL_TP_OPT_DTYPE */
-  uint64_t flags;  /* none defined yet: 0 */
+  uint64_t flags;  /* DTL_TP_FP8_GATHER */
   dtl_dtype dtype; /* element type of weights and activations: f32 on the host; f32/f16/bf16 on a device */
 } dtl_tp_options;
+
+/* FP8 sequence-parallel gathers (DTL_TP_FP8_GATHER in opt.flags). Every token all-gather of the context, that is
+ * dtl_tp_sequence_gather and the S(0) input gather of each layer and block made with DTL_TP_SEQUENCE_PARALLEL,
+ * quantizes this rank's token rows to e4m3 codes plus one f32 scale per 128 features, by the rule of FP8 dispatch
+ * in <dtl/moe.h> (DeepEP's: per block amax = max(max |x|, 1e-4), code = e4m3(x * (448 / amax)), scale = amax / 448),
+ * all-gathers codes and scales in one all-gather-v (features + 4 ceil(features / 128) bytes a row, plus up to 3
+ * bytes that align the scales: 0.52x of a bf16 row, 0.26x of an f32 one at 4096 features), and dequantizes every
+ * row, its own included, into the context's dtype (code * scale in f32, rounded once). The gathered tensor is then
+ * dequantize(quantize(x)) of the dense one, bit for bit and the same on every rank; the rest of a layer (GEMMs,
+ * the reduce-scatter out) is unchanged. On the host a NaN or infinite element of x is DTL_ERR_INVALID_ARGUMENT
+ * naming its global token row and column, found before any collective, with nothing written (every rank fails
+ * under DTL_CHECK, as for any per-call argument). On a device it is not checked (that would wait for the
+ * stream): a NaN element gathers as NaN, an infinity makes its whole 128-feature block NaN. */
 
 /* mesh must have communicators (not abstract); tp_dim in 0..ndim-1; opt may be NULL. The context keeps a
  * reference to mesh: destroy the context (and its layers) before the mesh. When tp_dim crosses nodes
@@ -173,6 +187,63 @@ typedef struct {
   dtl_qbuf local;
 } dtl_tp_qweight;
 
+/* Quantized weight shards read straight from a safetensors checkpoint, the quantized dtl_tp_weight_read_*: each
+ * makes the quantized layout of every sub-weight of fmt on the context's mesh and reads this rank's box of each part
+ * (dtl_safetensors_qread_hf's Hugging Face names under each prefix: FP8 <p>.weight + <p>.weight_scale_inv or
+ * .weight_scale, GPTQ/AWQ <p>.qweight, .scales, .qzeros, .g_idx), so that a rank reads and holds only its shard.
+ * *shard gets an object that owns the layouts and the part buffers (in the context's memory); its sub-weights are
+ * dtl_tp_qshard_weight(shard, i), borrowed views for the layers, valid until dtl_tp_qshard_destroy (before the
+ * context's mesh). The checks, messages and "nothing written" rule of dtl_safetensors_qread apply, plus those of
+ * dtl_qlayout_create (a cut inside a packing unit names the dim, the unit and the degrees that work); on failure
+ * *shard is untouched and nothing stays allocated. Purely local, like the dense readers.
+ *   column         [out, in] S(0): rows chunk(out)                          1 sub-weight
+ *   row            [out, in] S(1): columns chunk(in); act-order GPTQ: the codes and g_idx of those input channels,
+ *                  every group's scales and zeros (any channel may use any group)                  1 sub-weight
+ *   qkv            q [q_heads * head_dim, in], k and v [kv_heads * head_dim, in], each S(0) by heads
+ *                  (dtl_tp_attention_heads), from separate tensors or (k = v = NULL) row ranges of one fused q
+ *                  [(q_heads + 2 kv_heads) * head_dim, in]                                         3: q, k, v
+ *   attention_out  [out, q_heads * head_dim] S(1): the columns of this rank's q heads              1
+ *   gate_up        gate and up [ffn, in] each S(0), from separate tensors or (up = NULL) the halves of a fused
+ *                  [2 ffn, in]                                                                     2: gate, up
+ *   experts        [experts, out, in] S(0): this rank's whole experts (dtl_moe_placement_create(experts, tp, NULL)
+ *                  gives the same ones), from one stacked tensor per part [experts, ...] (suffix NULL: prefix is
+ *                  its prefix) or from each expert's own tensors "<prefix><e><suffix>" (e.g. prefix
+ *                  "model.layers.3.mlp.experts.", suffix ".gate_proj")                              1
+ * Heads are whole on every rank, and a quantized layout cuts by torch.chunk, so a head split must be chunk's rows:
+ * kv_heads % tp == 0 (the split of Megatron-LM and vLLM; q heads too). With tp > kv_heads (tp % kv_heads == 0, each kv
+ * head on tp / kv_heads ranks) q stays S(0), and k and v are [tp * head_dim, in] S(0): the kv heads repeated
+ * tp / kv_heads times in order (Hugging Face's repeat_kv), so that rank r's shard is its one kv head, read from that
+ * head's rows of the file; head_dim must then be a multiple of the rows the format scales or packs together (FP8
+ * blocks: block_rows; GPTQ/AWQ: 8). Other splits are DTL_ERR_UNSUPPORTED naming the heads and rows (the dense
+ * dtl_tp_weight_read_qkv takes them). A sub-weight taken from a fused tensor must start on such a unit too (else a
+ * scale block would span two sub-weights: DTL_ERR_UNSUPPORTED). */
+typedef struct dtl_tp_qshard dtl_tp_qshard;
+DTL_API dtl_status dtl_tp_qweight_read_column(const dtl_tp_context *ctx, const dtl_safetensors *f,
+                                              const dtl_quant_format *fmt, const char *prefix, int64_t out, int64_t in,
+                                              dtl_tp_qshard **shard);
+DTL_API dtl_status dtl_tp_qweight_read_row(const dtl_tp_context *ctx, const dtl_safetensors *f,
+                                           const dtl_quant_format *fmt, const char *prefix, int64_t out, int64_t in,
+                                           dtl_tp_qshard **shard);
+DTL_API dtl_status dtl_tp_qweight_read_qkv(const dtl_tp_context *ctx, const dtl_safetensors *f,
+                                           const dtl_quant_format *fmt, const char *q, const char *k, const char *v,
+                                           int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t in,
+                                           dtl_tp_qshard **shard);
+DTL_API dtl_status dtl_tp_qweight_read_attention_out(const dtl_tp_context *ctx, const dtl_safetensors *f,
+                                                     const dtl_quant_format *fmt, const char *prefix, int64_t q_heads,
+                                                     int64_t kv_heads, int64_t head_dim, int64_t out,
+                                                     dtl_tp_qshard **shard);
+DTL_API dtl_status dtl_tp_qweight_read_gate_up(const dtl_tp_context *ctx, const dtl_safetensors *f,
+                                               const dtl_quant_format *fmt, const char *gate, const char *up,
+                                               int64_t ffn, int64_t in, dtl_tp_qshard **shard);
+DTL_API dtl_status dtl_tp_qweight_read_experts(const dtl_tp_context *ctx, const dtl_safetensors *f,
+                                               const dtl_quant_format *fmt, const char *prefix, const char *suffix,
+                                               int experts, int64_t out, int64_t in, dtl_tp_qshard **shard);
+/* The number of sub-weights (-1 for NULL) and sub-weight i (NULL out of range), in the order listed above. */
+DTL_API int dtl_tp_qshard_count(const dtl_tp_qshard *s);
+DTL_API const dtl_tp_qweight *dtl_tp_qshard_weight(const dtl_tp_qshard *s, int i);
+/* Frees the buffers and layouts; accepts NULL. */
+DTL_API void dtl_tp_qshard_destroy(dtl_tp_qshard *s);
+
 /* ---------------------------------------------------------------------------------------------------- */
 /* Communication halves: exactly the collective of each layer, on caller buffers [tokens, features].   */
 /* The full layers below use these. Each checks the given layout against what it can take.              */
@@ -188,7 +259,8 @@ DTL_API dtl_status dtl_tp_row_parallel_reduce(dtl_tp_context *ctx, const dtl_lay
  * whole [T, F] (R). One all-gather plus one local interleave. */
 DTL_API dtl_status dtl_tp_column_parallel_gather(dtl_tp_context *ctx, const dtl_layout *in_layout, const void *y_local,
                                                  void *y);
-/* Sequence-parallel gather: in_layout is [T, F] S(0); x_local holds this rank's token rows; x gets [T, F] (R). */
+/* Sequence-parallel gather: in_layout is [T, F] S(0); x_local holds this rank's token rows; x gets [T, F] (R)
+ * (with DTL_TP_FP8_GATHER, dequantize(quantize(x)) of it: FP8 sequence-parallel gathers above). */
 DTL_API dtl_status dtl_tp_sequence_gather(dtl_tp_context *ctx, const dtl_layout *in_layout, const void *x_local,
                                           void *x);
 

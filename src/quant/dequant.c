@@ -1,0 +1,297 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The host kernels of the quantized formats (dequant.h): a shard's part boxes, the check of its scales and group
+ * indexes, and dequantization of one tile. Every value is computed from its global block alone (its code, its
+ * block's scale and zero) in a fixed sequence of f32 operations, so any cut gives the dense tensor's bits. This file
+ * is compiled with -ffp-contract=off (CMakeLists.txt): Q4_K's d1 * q - m1 must round twice, as ggml's reference and
+ * the gguf package do, never fuse. */
+#include <math.h>
+#include <string.h>
+#include "common/half.h"
+#include "quant/dequant.h"
+
+/* AWQ packs codes 0..7 of a word into nibbles in the order 0, 2, 4, 6, 1, 3, 5, 7 (autoawq's AWQ_ORDER); code k
+ * sits in nibble dtl__awq_nibble[k] (AWQ_REVERSE_ORDER). */
+static const int dtl__awq_nibble[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+
+void dtl__qshard_init(dtl__qshard *s, const dtl__qgeom *g, const int64_t *lshape, const int64_t *loff,
+                      const void *const *parts) {
+  memset(s, 0, sizeof *s);
+  s->g = g;
+  memcpy(s->lshape, lshape, (size_t)g->ndim * sizeof *lshape);
+  memcpy(s->loff, loff, (size_t)g->ndim * sizeof *loff);
+  for (int p = 0; p < DTL_QUANT_NUM_PARTS; p++) {
+    if (g->part[p].ndim < 0) continue;
+    dtl__qgeom_part_box(g, p, s->lshape, s->loff, s->pshape[p], s->poff[p]);
+    s->part[p] = parts ? parts[p] : NULL;
+  }
+}
+
+/* --- the pieces every kernel shares -------------------------------------------------------------------------- */
+
+/* The leading dims (experts, ...) every part carries unchanged in front of its matrix dims. */
+static int dtl__qlead(const dtl__qgeom *g) { return g->ndim >= 2 ? g->ndim - 2 : 0; }
+
+/* Elements of part p's local box from dim `from` on: the size of one matrix of the part. */
+static int64_t dtl__qinner(const dtl__qshard *s, int p, int from) {
+  int64_t n = 1;
+  for (int d = from; d < s->g->part[p].ndim; d++) n *= s->pshape[p][d];
+  return n;
+}
+
+static inline float dtl__qscale_at(const void *base, int64_t i, dtl_dtype t) {
+  if (t == DTL_FLOAT16) return dtl__f16_to_f32(((const uint16_t *)base)[i]);
+  if (t == DTL_BFLOAT16) return dtl__bf16_to_f32(((const uint16_t *)base)[i]);
+  return ((const float *)base)[i];
+}
+
+/* The logical row count and first global row of the local box (a 1-D GGUF tensor is one row). */
+static void dtl__qrows(const dtl__qshard *s, int64_t *rows, int64_t *row0) {
+  int rd = s->g->ndim - 2;
+  *rows = rd >= 0 ? s->lshape[rd] : 1;
+  *row0 = rd >= 0 ? s->loff[rd] : 0;
+}
+
+/* --- FP8 ------------------------------------------------------------------------------------------------------- */
+
+static void dtl__tile_fp8(const dtl__qshard *s, int64_t mat, int64_t r0, int64_t nr, int64_t c0, int64_t nc, float *out,
+                          int64_t ldo) {
+  const dtl__qgeom *g = s->g;
+  const dtl_quant_format *f = &g->fmt;
+  int nl = dtl__qlead(g), cd = g->ndim - 1;
+  float lut[256];
+  for (int c = 0; c < 256; c++)
+    lut[c] = f->code_dtype == DTL_FLOAT8_E5M2 ? dtl__f8e5m2_to_f32((uint8_t)c) : dtl__f8e4m3_to_f32((uint8_t)c);
+  int64_t rows, grow0, cols = s->lshape[cd], gcol0 = s->loff[cd];
+  dtl__qrows(s, &rows, &grow0);
+  const uint8_t *codes = (const uint8_t *)s->part[DTL_QPART_CODES] + mat * rows * cols;
+  const void *sc = s->part[DTL_QPART_SCALES];
+  const int64_t *ssh = s->pshape[DTL_QPART_SCALES], *sof = s->poff[DTL_QPART_SCALES];
+  int64_t sbase = mat * dtl__qinner(s, DTL_QPART_SCALES, nl);
+  for (int64_t i = 0; i < nr; i++) {
+    int64_t r = r0 + i, gr = grow0 + r;
+    const uint8_t *crow = codes + r * cols;
+    float *orow = out + i * ldo;
+    if (f->kind == DTL_QUANT_FP8_BLOCK) {
+      int64_t srow = sbase + (gr / f->block_rows - sof[nl]) * ssh[nl + 1];
+      for (int64_t c = c0; c < c0 + nc;) {
+        int64_t b = (gcol0 + c) / f->block_cols, end = (b + 1) * f->block_cols - gcol0;
+        if (end > c0 + nc) end = c0 + nc;
+        float v = dtl__qscale_at(sc, srow + b - sof[nl + 1], f->scale_dtype);
+        for (; c < end; c++) orow[c - c0] = lut[crow[c]] * v;
+      }
+    } else {
+      float v = dtl__qscale_at(sc, f->kind == DTL_QUANT_FP8_CHANNEL ? sbase + gr - sof[nl] : sbase, f->scale_dtype);
+      for (int64_t c = c0; c < c0 + nc; c++) orow[c - c0] = lut[crow[c]] * v;
+    }
+  }
+}
+
+/* --- GPTQ and AWQ ---------------------------------------------------------------------------------------------- */
+
+/* The f32 value of (code - zero) * scale is exact: |code - zero| <= 16 times an f16/bf16/f32 scale. */
+static void dtl__tile_int4(const dtl__qshard *s, int64_t mat, int64_t r0, int64_t nr, int64_t c0, int64_t nc, float *out,
+                           int64_t ldo) {
+  const dtl__qgeom *g = s->g;
+  const dtl_quant_format *f = &g->fmt;
+  bool gptq = f->kind == DTL_QUANT_GPTQ, act = (f->flags & DTL_QFMT_ACT_ORDER) != 0;
+  int nl = dtl__qlead(g), cd = g->ndim - 1;
+  int64_t grow0 = s->loff[nl], gcol0 = s->loff[cd];
+  int64_t group = f->group == -1 ? g->shape[cd] : f->group;
+  const int64_t *qsh = s->pshape[DTL_QPART_CODES], *qof = s->poff[DTL_QPART_CODES];
+  const int64_t *ssh = s->pshape[DTL_QPART_SCALES], *sof = s->poff[DTL_QPART_SCALES];
+  const int64_t *zsh = s->pshape[DTL_QPART_ZEROS], *zof = s->poff[DTL_QPART_ZEROS];
+  const uint32_t *qw = (const uint32_t *)s->part[DTL_QPART_CODES] + mat * dtl__qinner(s, DTL_QPART_CODES, nl);
+  const void *sc = s->part[DTL_QPART_SCALES];
+  int64_t sbase = mat * dtl__qinner(s, DTL_QPART_SCALES, nl);
+  const uint32_t *qz = (const uint32_t *)s->part[DTL_QPART_ZEROS] + mat * dtl__qinner(s, DTL_QPART_ZEROS, nl);
+  const int32_t *gidx = act ? (const int32_t *)s->part[DTL_QPART_GIDX] + mat * s->pshape[DTL_QPART_GIDX][nl] : NULL;
+  int64_t gidx0 = act ? s->poff[DTL_QPART_GIDX][nl] : 0;
+  for (int64_t i = 0; i < nr; i++) {
+    int64_t gr = grow0 + r0 + i;
+    float *orow = out + i * ldo;
+    /* zero nibble of this row: GPTQ packs 8 rows per word in order, AWQ in its interleaved order */
+    int zshift = 4 * (gptq ? (int)(gr % 8) : dtl__awq_nibble[gr % 8]);
+    int64_t zcol = gr / 8 - zof[nl + 1], scol = gr - sof[nl + 1];
+    int64_t last_g = -1;
+    float v = 0.0f;
+    int zero = 0;
+    for (int64_t c = c0; c < c0 + nc; c++) {
+      int64_t gc = gcol0 + c;
+      int64_t gi = act ? gidx[gc - gidx0] : gc / group;
+      if (gi != last_g) {
+        last_g = gi;
+        v = dtl__qscale_at(sc, sbase + (gi - sof[nl]) * ssh[nl + 1] + scol, f->scale_dtype);
+        zero = (int)((qz[(gi - zof[nl]) * zsh[nl + 1] + zcol] >> zshift) & 15u);
+        if (gptq) zero += 1; /* GPTQ v1 stores zero - 1 */
+      }
+      uint32_t word;
+      int shift;
+      if (gptq) { /* qweight [C/8, R]: 8 input channels per word, in order */
+        word = qw[(gc / 8 - qof[nl]) * qsh[nl + 1] + (gr - qof[nl + 1])];
+        shift = 4 * (int)(gc % 8);
+      } else { /* qweight [C, R/8]: 8 output rows per word, interleaved */
+        word = qw[(gc - qof[nl]) * qsh[nl + 1] + (gr / 8 - qof[nl + 1])];
+        shift = zshift;
+      }
+      int q = (int)((word >> shift) & 15u);
+      orow[c - c0] = (float)(q - zero) * v;
+    }
+  }
+}
+
+/* --- GGUF ------------------------------------------------------------------------------------------------------ */
+
+static inline float dtl__le_f16(const uint8_t *b) { return dtl__f16_to_f32((uint16_t)(b[0] | b[1] << 8)); }
+
+/* ggml's dequantize_row_q8_0 / q4_0 / q4_K for one block (34 / 18 / 144 bytes into 32 / 32 / 256 floats). */
+static void dtl__gguf_q8_0(const uint8_t *b, float *y) {
+  float d = dtl__le_f16(b);
+  for (int j = 0; j < 32; j++) y[j] = (float)(int8_t)b[2 + j] * d;
+}
+
+static void dtl__gguf_q4_0(const uint8_t *b, float *y) {
+  float d = dtl__le_f16(b);
+  for (int j = 0; j < 16; j++) {
+    y[j] = (float)((b[2 + j] & 0x0f) - 8) * d;
+    y[j + 16] = (float)((b[2 + j] >> 4) - 8) * d;
+  }
+}
+
+/* ggml's get_scale_min_k4: 8 six-bit scales and mins in 12 bytes. */
+static void dtl__gguf_scale_min_k4(int j, const uint8_t *q, uint8_t *d, uint8_t *m) {
+  if (j < 4) {
+    *d = q[j] & 63;
+    *m = q[j + 4] & 63;
+  } else {
+    *d = (uint8_t)((q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4));
+    *m = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+  }
+}
+
+static void dtl__gguf_q4_k(const uint8_t *b, float *y) {
+  float d = dtl__le_f16(b), dmin = dtl__le_f16(b + 2);
+  const uint8_t *scales = b + 4, *q = b + 16;
+  for (int j = 0, is = 0; j < 256; j += 64, is += 2, q += 32) {
+    uint8_t sc, m;
+    dtl__gguf_scale_min_k4(is, scales, &sc, &m);
+    float d1 = d * (float)sc, m1 = dmin * (float)m;
+    dtl__gguf_scale_min_k4(is + 1, scales, &sc, &m);
+    float d2 = d * (float)sc, m2 = dmin * (float)m;
+    for (int l = 0; l < 32; l++) *y++ = d1 * (float)(q[l] & 0x0f) - m1;
+    for (int l = 0; l < 32; l++) *y++ = d2 * (float)(q[l] >> 4) - m2;
+  }
+}
+
+static void dtl__gguf_block_of(dtl_quant_kind k, int64_t *elems, int64_t *bytes) {
+  *elems = k == DTL_QUANT_GGUF_Q4_K ? 256 : 32;
+  *bytes = k == DTL_QUANT_GGUF_Q8_0 ? 34 : k == DTL_QUANT_GGUF_Q4_0 ? 18 : 144;
+}
+
+static void dtl__tile_gguf(const dtl__qshard *s, int64_t mat, int64_t r0, int64_t nr, int64_t c0, int64_t nc, float *out,
+                           int64_t ldo) {
+  const dtl__qgeom *g = s->g;
+  dtl_quant_kind k = g->fmt.kind;
+  int cd = g->ndim - 1;
+  int64_t be, bb, rows, grow0, gcol0 = s->loff[cd];
+  dtl__gguf_block_of(k, &be, &bb);
+  dtl__qrows(s, &rows, &grow0);
+  int64_t rowbytes = s->pshape[DTL_QPART_CODES][cd], b0 = s->poff[DTL_QPART_CODES][cd] / bb;
+  const uint8_t *codes = (const uint8_t *)s->part[DTL_QPART_CODES] + mat * rows * rowbytes;
+  float y[256];
+  for (int64_t i = 0; i < nr; i++) {
+    const uint8_t *row = codes + (r0 + i) * rowbytes;
+    float *orow = out + i * ldo;
+    for (int64_t c = c0; c < c0 + nc;) {
+      int64_t gb = (gcol0 + c) / be, lo = gb * be - gcol0, end = lo + be;
+      const uint8_t *blk = row + (gb - b0) * bb;
+      if (k == DTL_QUANT_GGUF_Q8_0) dtl__gguf_q8_0(blk, y);
+      else if (k == DTL_QUANT_GGUF_Q4_0) dtl__gguf_q4_0(blk, y);
+      else dtl__gguf_q4_k(blk, y);
+      if (end > c0 + nc) end = c0 + nc;
+      memcpy(orow + (c - c0), y + (c - lo), (size_t)(end - c) * sizeof *y);
+      c = end;
+    }
+  }
+}
+
+void dtl__qshard_dequant_tile(const dtl__qshard *s, int64_t mat, int64_t r0, int64_t nr, int64_t c0, int64_t nc,
+                              float *out, int64_t ldo) {
+  if (nr <= 0 || nc <= 0) return;
+  dtl_quant_kind k = s->g->fmt.kind;
+  if (k <= DTL_QUANT_FP8_TENSOR) dtl__tile_fp8(s, mat, r0, nr, c0, nc, out, ldo);
+  else if (k == DTL_QUANT_GPTQ || k == DTL_QUANT_AWQ) dtl__tile_int4(s, mat, r0, nr, c0, nc, out, ldo);
+  else dtl__tile_gguf(s, mat, r0, nr, c0, nc, out, ldo);
+}
+
+/* --- the check ------------------------------------------------------------------------------------------------- */
+
+/* "[a, b, c]" of the row-major index i in a box of the given shape, plus off (the global index when off is the
+ * part's offset). */
+static void dtl__qindex_text(int ndim, const int64_t *shape, const int64_t *off, int64_t i, char *buf, size_t cap) {
+  int64_t idx[DTL_MAX_TENSOR_DIMS];
+  for (int d = ndim - 1; d >= 0; d--) {
+    idx[d] = (shape[d] ? i % shape[d] : 0) + (off ? off[d] : 0);
+    if (shape[d]) i /= shape[d];
+  }
+  size_t at = 0;
+  at += (size_t)snprintf(buf + at, cap - at, "[");
+  for (int d = 0; d < ndim && at < cap; d++)
+    at += (size_t)snprintf(buf + at, cap - at, "%s%lld", d ? ", " : "", (long long)idx[d]);
+  if (at < cap) snprintf(buf + at, cap - at, "]");
+}
+
+static const char *const dtl__qpart_names[DTL_QUANT_NUM_PARTS] = {"codes", "scales", "zeros", "g_idx"};
+
+static dtl_status dtl__qbad_entry(const char *fn, const dtl__qshard *s, int p, int64_t i, const char *what,
+                                  const char *expected) {
+  char loc[160], glob[160];
+  int nd = s->g->part[p].ndim;
+  dtl__qindex_text(nd, s->pshape[p], NULL, i, loc, sizeof loc);
+  dtl__qindex_text(nd, s->pshape[p], s->poff[p], i, glob, sizeof glob);
+  return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "%s[%lld] (local %s, global %s) = %s (expected %s)",
+                       dtl__qpart_names[p], (long long)i, loc, glob, what, expected);
+}
+
+dtl_status dtl__qshard_check(const char *fn, const dtl__qshard *s) {
+  const dtl__qgeom *g = s->g;
+  const dtl_quant_format *f = &g->fmt;
+  char v[48];
+  if (f->kind >= DTL_QUANT_GGUF_Q8_0) {
+    /* each block's f16 d (and Q4_K's dmin) */
+    int64_t be, bb;
+    dtl__gguf_block_of(f->kind, &be, &bb);
+    int64_t n = dtl__qbox_count(g->part[DTL_QPART_CODES].ndim, s->pshape[DTL_QPART_CODES]);
+    const uint8_t *b = s->part[DTL_QPART_CODES];
+    for (int64_t at = 0; at < n; at += bb)
+      for (int64_t h = 0; h < (f->kind == DTL_QUANT_GGUF_Q4_K ? 4 : 2); h += 2) {
+        uint16_t bits = (uint16_t)(b[at + h] | b[at + h + 1] << 8);
+        if ((bits & 0x7c00u) != 0x7c00u) continue;
+        snprintf(v, sizeof v, "%g", (double)dtl__f16_to_f32(bits));
+        char what[96];
+        snprintf(what, sizeof what, "a block whose %s is %s", h ? "dmin" : "d", v);
+        return dtl__qbad_entry(fn, s, DTL_QPART_CODES, at + h, what, "a finite f16 in every block");
+      }
+    return DTL_OK;
+  }
+  int64_t n = dtl__qbox_count(g->part[DTL_QPART_SCALES].ndim, s->pshape[DTL_QPART_SCALES]);
+  for (int64_t i = 0; i < n; i++) {
+    float x = dtl__qscale_at(s->part[DTL_QPART_SCALES], i, f->scale_dtype);
+    if (isfinite(x)) continue;
+    snprintf(v, sizeof v, "%g", (double)x);
+    return dtl__qbad_entry(fn, s, DTL_QPART_SCALES, i, v, "a finite scale");
+  }
+  if (g->part[DTL_QPART_GIDX].ndim >= 0) {
+    int nl = dtl__qlead(g);
+    int64_t groups = g->part[DTL_QPART_SCALES].shape[nl];
+    int64_t m = dtl__qbox_count(g->part[DTL_QPART_GIDX].ndim, s->pshape[DTL_QPART_GIDX]);
+    const int32_t *gi = s->part[DTL_QPART_GIDX];
+    for (int64_t i = 0; i < m; i++) {
+      if (gi[i] >= 0 && gi[i] < groups) continue;
+      char e[64];
+      snprintf(v, sizeof v, "%d", (int)gi[i]);
+      snprintf(e, sizeof e, "a group in 0..%lld", (long long)groups - 1);
+      return dtl__qbad_entry(fn, s, DTL_QPART_GIDX, i, v, e);
+    }
+  }
+  return DTL_OK;
+}

@@ -34,6 +34,7 @@
 #define DTL_CHECKPOINT_H
 
 #include "dtl/layout.h"
+#include "dtl/quant.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -76,6 +77,40 @@ DTL_API dtl_status dtl_safetensors_read(const dtl_safetensors *f, const char *na
  * array dst, packed row-major: any slice of a tensor, for loaders that cut their own pieces. */
 DTL_API dtl_status dtl_safetensors_read_box(const dtl_safetensors *f, const char *name, dtl_dtype dtype, int ndim,
                                             const int64_t *offset, const int64_t *shape, void *dst);
+
+/* Quantized tensors (<dtl/quant.h>): this rank's shard of a quantized tensor laid out by layout, into local (one
+ * buffer per part, allocated by the caller with dtl_qlayout_local_boxes' bytes, in the memory of the layout's mesh
+ * like dtl_safetensors_read's local; the parts the format lacks are not touched). Each part is a tensor of its
+ * own in the file, names[dtl_qpart] (DTL_QUANT_NUM_PARTS entries, NULL exactly for the parts the format lacks),
+ * and must have the part's dtype (FP8 codes: F8_E4M3 or F8_E5M2, the format's code_dtype; GPTQ/AWQ codes, zeros
+ * and g_idx: I32; scales: the format's scale_dtype) and global shape (dtl_qpart_box.global_shape; a scales tensor
+ * may add or drop dims of size 1, which hold the same bytes: FP8_TENSOR's scale as [] or [1], FP8_CHANNEL's as
+ * [R, 1] or [R]). Each rank reads only the box of each part that its codes need (every scale block they touch,
+ * so a block a cut splits is read by both ranks; act-order GPTQ: every group's scales and zeros, and the g_idx of
+ * its input channels) with the positioned reads of dtl_safetensors_read. Before anything is written, the scales
+ * and g_idx of those boxes are read once through at most 1 MiB of host memory and checked: a NaN or infinite
+ * scale, or a g_idx outside 0..groups-1, is DTL_ERR_INVALID_ARGUMENT naming the tensor, the element and its value,
+ * e.g.
+ *   dtl_safetensors_qread: m.safetensors: tensor "w.weight_scale_inv" (scales): element [1,2] = nan (expected a
+ *   finite scale)
+ * So is every other failure, with local untouched: a name not in the file, a dtype or shape the format does not
+ * give (naming the tensor, the part, the dim and the numbers: "dim 1 is 3, expected ceil(500 / 128) = 4 (blocks of the
+ * tensor's dim 1)"), a name for a part the format lacks, the file truncated since it was opened; only an I/O error while
+ * the boxes are read may leave local partly written, as for dtl_safetensors_read. Peak memory: local plus the
+ * dense reader's bound. GGUF kinds are not stored in safetensors files (DTL_ERR_UNSUPPORTED from the _hf form).
+ * Purely local, like every read here. */
+DTL_API dtl_status dtl_safetensors_qread(const dtl_safetensors *f, const char *const *names, const dtl_qlayout *layout,
+                                         dtl_qbuf *local);
+/* The same with the part names of Hugging Face checkpoints under prefix ("model.layers.0.mlp.down_proj"):
+ *   fp8-block               <prefix>.weight, <prefix>.weight_scale_inv (DeepSeek-V3, Qwen3-FP8), or
+ *                           <prefix>.weight_scale when the file has no _inv (compressed-tensors' block format)
+ *   fp8-channel, fp8-tensor <prefix>.weight, <prefix>.weight_scale (compressed-tensors, FBGEMM), or _scale_inv
+ *   gptq                    <prefix>.qweight, .scales, .qzeros, and .g_idx with DTL_QFMT_ACT_ORDER (AutoGPTQ,
+ *                           GPTQModel; the qzeros hold zero - 1, quant.h)
+ *   awq                     <prefix>.qweight, .scales, .qzeros (AutoAWQ)
+ * A prefix of more than 479 bytes is DTL_ERR_INVALID_ARGUMENT. */
+DTL_API dtl_status dtl_safetensors_qread_hf(const dtl_safetensors *f, const char *prefix, const dtl_qlayout *layout,
+                                            dtl_qbuf *local);
 
 /* Writing: begin, add tensors and metadata, end. Each add writes its data at once to a temporary file next to
  * path (already unlinked, so nothing is left behind), so the writer holds no tensor in memory; end writes

@@ -178,6 +178,63 @@ typedef struct {
   dtl_qbuf local;
 } dtl_tp_qweight;
 
+/* Quantized weight shards read straight from a safetensors checkpoint, the quantized dtl_tp_weight_read_*: each
+ * makes the quantized layout of every sub-weight of fmt on the context's mesh and reads this rank's box of each part
+ * (dtl_safetensors_qread_hf's Hugging Face names under each prefix: FP8 <p>.weight + <p>.weight_scale_inv or
+ * .weight_scale, GPTQ/AWQ <p>.qweight, .scales, .qzeros, .g_idx), so that a rank reads and holds only its shard.
+ * *shard gets an object that owns the layouts and the part buffers (in the context's memory); its sub-weights are
+ * dtl_tp_qshard_weight(shard, i), borrowed views for the layers, valid until dtl_tp_qshard_destroy (before the
+ * context's mesh). The checks, messages and "nothing written" rule of dtl_safetensors_qread apply, plus those of
+ * dtl_qlayout_create (a cut inside a packing unit names the dim, the unit and the degrees that work); on failure
+ * *shard is untouched and nothing stays allocated. Purely local, like the dense readers.
+ *   column         [out, in] S(0): rows chunk(out)                          1 sub-weight
+ *   row            [out, in] S(1): columns chunk(in); act-order GPTQ: the codes and g_idx of those input channels,
+ *                  every group's scales and zeros (any channel may use any group)                  1 sub-weight
+ *   qkv            q [q_heads * head_dim, in], k and v [kv_heads * head_dim, in], each S(0) by heads
+ *                  (dtl_tp_attention_heads), from separate tensors or (k = v = NULL) row ranges of one fused q
+ *                  [(q_heads + 2 kv_heads) * head_dim, in]                                         3: q, k, v
+ *   attention_out  [out, q_heads * head_dim] S(1): the columns of this rank's q heads              1
+ *   gate_up        gate and up [ffn, in] each S(0), from separate tensors or (up = NULL) the halves of a fused
+ *                  [2 ffn, in]                                                                     2: gate, up
+ *   experts        [experts, out, in] S(0): this rank's whole experts (dtl_moe_placement_create(experts, tp, NULL)
+ *                  gives the same ones), from one stacked tensor per part [experts, ...] (suffix NULL: prefix is
+ *                  its prefix) or from each expert's own tensors "<prefix><e><suffix>" (e.g. prefix
+ *                  "model.layers.3.mlp.experts.", suffix ".gate_proj")                              1
+ * Heads are whole on every rank, and a quantized layout cuts by torch.chunk, so a head split must be chunk's rows:
+ * kv_heads % tp == 0 (the split of Megatron-LM and vLLM; q heads too). With tp > kv_heads (tp % kv_heads == 0, each kv
+ * head on tp / kv_heads ranks) q stays S(0), and k and v are [tp * head_dim, in] S(0): the kv heads repeated
+ * tp / kv_heads times in order (Hugging Face's repeat_kv), so that rank r's shard is its one kv head, read from that
+ * head's rows of the file; head_dim must then be a multiple of the rows the format scales or packs together (FP8
+ * blocks: block_rows; GPTQ/AWQ: 8). Other splits are DTL_ERR_UNSUPPORTED naming the heads and rows (the dense
+ * dtl_tp_weight_read_qkv takes them). A sub-weight taken from a fused tensor must start on such a unit too (else a
+ * scale block would span two sub-weights: DTL_ERR_UNSUPPORTED). */
+typedef struct dtl_tp_qshard dtl_tp_qshard;
+DTL_API dtl_status dtl_tp_qweight_read_column(const dtl_tp_context *ctx, const dtl_safetensors *f,
+                                              const dtl_quant_format *fmt, const char *prefix, int64_t out, int64_t in,
+                                              dtl_tp_qshard **shard);
+DTL_API dtl_status dtl_tp_qweight_read_row(const dtl_tp_context *ctx, const dtl_safetensors *f,
+                                           const dtl_quant_format *fmt, const char *prefix, int64_t out, int64_t in,
+                                           dtl_tp_qshard **shard);
+DTL_API dtl_status dtl_tp_qweight_read_qkv(const dtl_tp_context *ctx, const dtl_safetensors *f,
+                                           const dtl_quant_format *fmt, const char *q, const char *k, const char *v,
+                                           int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t in,
+                                           dtl_tp_qshard **shard);
+DTL_API dtl_status dtl_tp_qweight_read_attention_out(const dtl_tp_context *ctx, const dtl_safetensors *f,
+                                                     const dtl_quant_format *fmt, const char *prefix, int64_t q_heads,
+                                                     int64_t kv_heads, int64_t head_dim, int64_t out,
+                                                     dtl_tp_qshard **shard);
+DTL_API dtl_status dtl_tp_qweight_read_gate_up(const dtl_tp_context *ctx, const dtl_safetensors *f,
+                                               const dtl_quant_format *fmt, const char *gate, const char *up,
+                                               int64_t ffn, int64_t in, dtl_tp_qshard **shard);
+DTL_API dtl_status dtl_tp_qweight_read_experts(const dtl_tp_context *ctx, const dtl_safetensors *f,
+                                               const dtl_quant_format *fmt, const char *prefix, const char *suffix,
+                                               int experts, int64_t out, int64_t in, dtl_tp_qshard **shard);
+/* The number of sub-weights (-1 for NULL) and sub-weight i (NULL out of range), in the order listed above. */
+DTL_API int dtl_tp_qshard_count(const dtl_tp_qshard *s);
+DTL_API const dtl_tp_qweight *dtl_tp_qshard_weight(const dtl_tp_qshard *s, int i);
+/* Frees the buffers and layouts; accepts NULL. */
+DTL_API void dtl_tp_qshard_destroy(dtl_tp_qshard *s);
+
 /* Layers on quantized weights. With DTL_TP_QUANT_WEIGHTS in mask, dtl_tp_linear/mlp/attention_create take their
  * weights as quantized sub-weights (the params' q* fields) instead of dense arrays; inputs, outputs, layouts,
  * collectives and biases (dense, sharded or not by DTL_TP_SHARDED_WEIGHTS as for a dense layer) are the dense
@@ -307,8 +364,10 @@ typedef struct {
   float scale;          /* with DTL_TP_SCALE */
   float rope_theta;     /* with DTL_TP_ROPE: the base, finite and > 0 (Llama 2: 10000, Llama 3: 500000) */
   /* With DTL_TP_QUANT_WEIGHTS (qkv and out NULL): q [q_heads * head_dim, hidden], k and v [kv_heads * head_dim,
-   * hidden] (column-parallel by heads: this rank's heads' rows) and out [hidden, q_heads * head_dim] (row-parallel:
-   * its q heads' columns). */
+   * hidden] (column-parallel by heads: this rank's heads' rows; with tp > kv_heads also dtl_tp_qweight_read_qkv's
+   * repeat_kv form [tp * head_dim, hidden], rank r's kv head in rows [r, r + 1) x head_dim) and out [hidden,
+   * q_heads * head_dim] (row-parallel: its q heads' columns). dtl_tp_qweight_read_qkv's and _attention_out's
+   * sub-weights go here as they are. */
   const dtl_tp_qweight *qq, *qk, *qv, *qout;
 } dtl_tp_attention_params;
 typedef struct dtl_tp_attention dtl_tp_attention;

@@ -80,11 +80,7 @@ static void dtl__st_next(const dtl__st_runs *r, int64_t *idx) {
   }
 }
 
-dtl_status dtl__st_read_box(const dtl_safetensors *f, const char *fn, const dtl__st_tensor *t, int ndim,
-                            const int64_t *view, const int64_t *off, const int64_t *box, dtl_comm *comm, void *dst) {
-  uint64_t total = 1;
-  for (int d = 0; d < ndim; d++) total *= (uint64_t)box[d];
-  if (total == 0) return DTL_OK;
+dtl_status dtl__st_check_size(const dtl_safetensors *f, const char *fn, const dtl__st_tensor *t) {
   struct stat sb;
   if (fstat(f->fd, &sb) != 0 || (uint64_t)sb.st_size < f->data_start + t->end) {
     char q[DTL__QUOTE_CAP];
@@ -94,36 +90,88 @@ dtl_status dtl__st_read_box(const dtl_safetensors *f, const char *fn, const dtl_
                          f->path, dtl__quote(t->name, q, sizeof q), (long long)sb.st_size,
                          (unsigned long long)f->file_bytes);
   }
-  dtl__st_runs r = {.off = off, .box = box, .base = f->data_start + t->begin, .es = t->dtype->size, .ndim = ndim};
+  return DTL_OK;
+}
+
+/* The runs of a box read (dims the box spans whole merge), and whether short ones are gathered in the window. */
+static uint64_t dtl__st_box_runs(const dtl_safetensors *f, const dtl__st_tensor *t, int ndim, const int64_t *view,
+                                 const int64_t *box, dtl__st_runs *r, uint64_t *nruns, size_t *run_bytes, bool *gather) {
+  uint64_t total = 1;
+  for (int d = 0; d < ndim; d++) total *= (uint64_t)box[d];
+  r->box = box;
+  r->es = t->dtype->size;
+  r->ndim = ndim;
   uint64_t s = 1;
   for (int d = ndim - 1; d >= 0; d--) {
-    r.stride[d] = s;
+    r->stride[d] = s;
     s *= (uint64_t)view[d];
   }
   /* Merge trailing dims the box spans whole: the run covers dims k.. of the box. */
   int k = ndim ? ndim - 1 : 0;
   uint64_t run = ndim ? (uint64_t)box[k] : 1;
   while (k > 0 && box[k] == view[k]) run *= (uint64_t)box[--k];
-  r.k = k;
-  uint64_t nruns = total / run;
-  size_t run_bytes = (size_t)(run * r.es);
-  bool gather = nruns > 1 && run_bytes < DTL__ST_GATHER_RUN && run_bytes * 2 <= f->window;
+  r->k = k;
+  *nruns = total ? total / run : 0;
+  *run_bytes = (size_t)(run * r->es);
+  *gather = *nruns > 1 && *run_bytes < DTL__ST_GATHER_RUN && *run_bytes * 2 <= f->window;
+  return total;
+}
 
-  dtl__st_sink sk = {.f = f, .fn = fn, .dev = comm, .dst = dst};
-  char *win = NULL;
-  dtl_status st = DTL_OK;
-  if (comm) {
-    sk.cap = total * r.es < f->window ? (size_t)(total * r.es) : f->window;
-    sk.stage = dtl__malloc(sk.cap);
-    if (!sk.stage) return dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory (%zu staging bytes)", sk.cap);
+void dtl__st_box_need(const dtl_safetensors *f, const dtl__st_tensor *t, int ndim, const int64_t *view,
+                      const int64_t *box, bool device, dtl__st_need *need) {
+  dtl__st_runs r;
+  uint64_t nruns;
+  size_t run_bytes;
+  bool gather;
+  uint64_t total = dtl__st_box_runs(f, t, ndim, view, box, &r, &nruns, &run_bytes, &gather);
+  if (!total) return;
+  need->window |= gather;
+  size_t stage = total * r.es < f->window ? (size_t)(total * r.es) : f->window;
+  if (device && stage > need->stage) need->stage = stage;
+}
+
+dtl_status dtl__st_scratch_get(const dtl_safetensors *f, const char *fn, const dtl__st_need *need,
+                               dtl__st_scratch *out) {
+  dtl__st_scratch s = {NULL, NULL, 0};
+  if (need->stage) {
+    s.stage = dtl__malloc(need->stage);
+    if (!s.stage) return dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory (%zu staging bytes)", need->stage);
+    s.stage_cap = need->stage;
   }
-  if (gather) {
-    win = dtl__malloc(f->window);
-    if (!win) {
-      st = dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory (%zu window bytes)", f->window);
-      goto done;
+  if (need->window) {
+    s.window = dtl__malloc(f->window);
+    if (!s.window) {
+      dtl__free(s.stage);
+      return dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory (%zu window bytes)", f->window);
     }
   }
+  *out = s;
+  return DTL_OK;
+}
+
+void dtl__st_scratch_put(dtl__st_scratch *s) {
+  dtl__free(s->window);
+  dtl__free(s->stage);
+  s->window = s->stage = NULL;
+}
+
+dtl_status dtl__st_read_box_in(const dtl_safetensors *f, const char *fn, const dtl__st_tensor *t, int ndim,
+                               const int64_t *view, const int64_t *off, const int64_t *box, dtl_comm *comm, void *dst,
+                               const dtl__st_scratch *sc) {
+  dtl__st_runs r;
+  uint64_t nruns;
+  size_t run_bytes;
+  bool gather;
+  uint64_t total = dtl__st_box_runs(f, t, ndim, view, box, &r, &nruns, &run_bytes, &gather);
+  if (total == 0) return DTL_OK;
+  DTL_TRY(dtl__st_check_size(f, fn, t));
+  r.off = off;
+  r.base = f->data_start + t->begin;
+  dtl__st_sink sk = {.f = f, .fn = fn, .dev = comm, .dst = dst, .stage = sc->stage, .cap = sc->stage_cap};
+  char *win = sc->window;
+  if ((comm && !sk.stage) || (gather && !win))
+    return dtl__error_fn(DTL_ERR_INTERNAL, fn, "a box read without the scratch it needs");
+  dtl_status st = DTL_OK;
   int64_t next[DTL__ST_MAX_DIMS], group[DTL__ST_MAX_DIMS];
   memset(r.idx, 0, sizeof r.idx);
   for (uint64_t i = 0; i < nruns;) {
@@ -148,8 +196,23 @@ dtl_status dtl__st_read_box(const dtl_safetensors *f, const char *fn, const dtl_
   }
   if (comm) st = dtl__st_flush(&sk);
 done:
-  dtl__free(win);
-  dtl__free(sk.stage);
+  return st;
+}
+
+dtl_status dtl__st_read_box(const dtl_safetensors *f, const char *fn, const dtl__st_tensor *t, int ndim,
+                            const int64_t *view, const int64_t *off, const int64_t *box, dtl_comm *comm, void *dst) {
+  dtl__st_need need = {false, 0};
+  dtl__st_box_need(f, t, ndim, view, box, comm != NULL, &need);
+  if (!need.window && !need.stage) {
+    dtl__st_scratch none = {NULL, NULL, 0};
+    return dtl__st_read_box_in(f, fn, t, ndim, view, off, box, comm, dst, &none);
+  }
+  /* The size check comes before the scratch, as it always did: a truncated file is reported as such. */
+  DTL_TRY(dtl__st_check_size(f, fn, t));
+  dtl__st_scratch sc;
+  DTL_TRY(dtl__st_scratch_get(f, fn, &need, &sc));
+  dtl_status st = dtl__st_read_box_in(f, fn, t, ndim, view, off, box, comm, dst, &sc);
+  dtl__st_scratch_put(&sc);
   return st;
 }
 

@@ -83,6 +83,13 @@ static dtl_status dtl__tp_attention_build(dtl_tp_context *ctx, const dtl_tp_atte
     dtl__tp_qneed qkv[3] = {{"qq", p->qq, Hq, p->hidden, rows[0].row_off, rows[0].rows, 0, p->hidden},
                             {"qk", p->qk, Hkv, p->hidden, rows[1].row_off - Hq, rows[1].rows, 0, p->hidden},
                             {"qv", p->qv, Hkv, p->hidden, rows[2].row_off - Hq - Hkv, rows[2].rows, 0, p->hidden}};
+    /* With tp > kv_heads, k and v may also come in the repeat_kv form of dtl_tp_qweight_read_qkv, [tp * head_dim,
+     * hidden], whose rows [r D, (r + 1) D) are rank r's kv head. */
+    for (int i = 1; i < 3 && ctx->size > p->kv_heads; i++)
+      if (dtl__tp_qweight_rows(qkv[i].w) == ctx->size * D) {
+        qkv[i].R = ctx->size * D;
+        qkv[i].row0 = ctx->rank * D;
+      }
     dtl__tp_qneed out = {"qout", p->qout, p->hidden, Hq, 0, p->hidden, q.offset * D, q.count * D};
     DTL_TRY_GOTO(dtl__tp_proj_init_quant(ctx, fn, &a->qkv, qkv, 3, fp8, sharded, p->qkv_bias, rows, 3), st, fail);
     DTL_TRY_GOTO(dtl__tp_proj_init_quant(ctx, fn, &a->out, &out, 1, fp8, false, p->out_bias, &all, 1), st, fail);

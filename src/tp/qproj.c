@@ -29,6 +29,10 @@ dtl_status dtl__tp_check_quant(const char *fn, bool quant, uint64_t flags, const
   return DTL_OK;
 }
 
+int64_t dtl__tp_qweight_rows(const dtl_tp_qweight *w) {
+  return w && w->layout && w->layout->g.ndim == 2 ? w->layout->g.shape[0] : -1;
+}
+
 static void dtl__tp_qsub_destroy(dtl__tp_qsub *q) {
   if (!q) return;
 #if DTL_HAVE_NCCL

@@ -113,6 +113,8 @@ typedef struct {
 dtl_status dtl__tp_proj_init_quant(dtl_tp_context *ctx, const char *fn, dtl__tp_proj *p, const dtl__tp_qneed *need,
                                    int n, bool fp8, bool bias_sharded, const void *bias, const dtl__tp_rows *bias_ranges,
                                    int nbias);
+/* The logical rows of a 2-D quantized sub-weight; -1 when w, its layout or its shape is not that. */
+int64_t dtl__tp_qweight_rows(const dtl_tp_qweight *w);
 /* The scratch a forward of tokens tokens through p takes (none for a dense projection), before its agreement. */
 dtl_status dtl__tp_proj_reserve(dtl_tp_context *ctx, const dtl__tp_proj *p, int64_t tokens);
 /* The quantized half of dtl__tp_proj_apply (after the bias seed): y[T, rows] (+)= x * dequantize(W)^T. */

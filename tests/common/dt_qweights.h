@@ -40,9 +40,11 @@ static inline void dt_qslice(const void *src, int nd, const int64_t *gshape, siz
   }
 }
 
-/* 0 on success; the failing call's status otherwise (the caller reports dtl_last_error()). */
-static inline dtl_status dt_qweight_make(dt_qweight *w, const dtl_mesh *mesh, const dtl_quant_format *fmt, int ndim,
-                                         const int64_t *shape, const dtl_placement *cut, unsigned seed) {
+/* DTL_OK on success; the failing call's status otherwise (the caller reports dtl_last_error()). The dense values
+ * are from_dense when given, else uniform in [-1, 1] from seed. */
+static inline dtl_status dt_qweight_make_with(dt_qweight *w, const dtl_mesh *mesh, const dtl_quant_format *fmt,
+                                              int ndim, const int64_t *shape, const dtl_placement *cut, unsigned seed,
+                                              const float *from_dense) {
   memset(w, 0, sizeof *w);
   int mnd = dtl_mesh_ndim(mesh);
   dtl_placement rep[DTL_MAX_MESH_DIMS];
@@ -63,7 +65,8 @@ static inline dtl_status dt_qweight_make(dt_qweight *w, const dtl_mesh *mesh, co
   w->w = malloc(sizeof(float) * (w->count + 1));
   float *dense = malloc(sizeof(float) * (w->count + 1));
   uint64_t s = seed * 0x9E3779B97F4A7C15ull + 5;
-  for (size_t i = 0; i < w->count; i++) dense[i] = (float)((int64_t)(dt_qrand(&s) % 2001) - 1000) / 1000.0f;
+  for (size_t i = 0; i < w->count; i++)
+    dense[i] = from_dense ? from_dense[i] : (float)((int64_t)(dt_qrand(&s) % 2001) - 1000) / 1000.0f;
   dtl_quant_format f;
   dtl_qlayout_quant_format(w->whole, &f);
   if (f.kind == DTL_QUANT_GGUF_Q4_K) { /* random super-blocks of 144 bytes with d, dmin = small finite f16 */
@@ -91,6 +94,16 @@ static inline dtl_status dt_qweight_make(dt_qweight *w, const dtl_mesh *mesh, co
   w->q.layout = w->cut;
   w->q.local = w->local;
   return st;
+}
+
+static inline dtl_status dt_qweight_make(dt_qweight *w, const dtl_mesh *mesh, const dtl_quant_format *fmt, int ndim,
+                                         const int64_t *shape, const dtl_placement *cut, unsigned seed) {
+  return dt_qweight_make_with(w, mesh, fmt, ndim, shape, cut, seed, NULL);
+}
+static inline dtl_status dt_qweight_make_from(dt_qweight *w, const dtl_mesh *mesh, const dtl_quant_format *fmt,
+                                              int ndim, const int64_t *shape, const dtl_placement *cut,
+                                              const float *dense) {
+  return dt_qweight_make_with(w, mesh, fmt, ndim, shape, cut, 0, dense);
 }
 
 static inline void dt_qweight_free(dt_qweight *w) {

@@ -279,7 +279,8 @@ static void mlp_on_quantized_weights_matches_dense_on_dequantized(void) {
       }
 }
 
-/* q, k, v cut by heads (k, v Replicate when tp > kv_heads: each rank keeps its kv head's rows) and out by q heads. */
+/* q, k, v cut by heads (k, v Replicate when tp > kv_heads: each rank keeps its kv head's rows; or v in the
+ * repeat_kv form) and out by q heads. */
 static void attention_on_quantized_weights_matches_dense_on_dequantized(void) {
   dtl_quant_format fmts[3] = {fmt_block(64, 64, DTL_FLOAT8_E4M3, DTL_FLOAT32), fmt_group(DTL_QUANT_AWQ, 32, 0),
                               fmt_kind(DTL_QUANT_GGUF_Q8_0)};
@@ -293,6 +294,19 @@ static void attention_on_quantized_weights_matches_dense_on_dequantized(void) {
       int ok = make(&wq, &fmts[fi], Hq * D, H, dtl_shard(0), 500) && make(&wk, &fmts[fi], Hkv * D, H, kv_cut, 501) &&
                make(&wv, &fmts[fi], Hkv * D, H, kv_cut, 502) && make(&wo, &fmts[fi], H, Hq * D, dtl_shard(1), 503);
       if (!ok) continue;
+      /* Q8_0 quantizes each row on its own, so v in dtl_tp_qweight_read_qkv's repeat_kv form ([tp * D, H], rank r's
+       * rows its kv head's) dequantizes to the same rows: the block takes that form too when tp > kv_heads. */
+      dt_qweight wrep = {0};
+      if (fi == 2 && E.tp > Hkv) {
+        dtl_quant_format f8 = fmts[fi];
+        int64_t R = E.tp * D, shape[2] = {R, H};
+        float *rep = malloc(sizeof(float) * (size_t)(R * H));
+        for (int64_t r = 0; r < E.tp; r++) memcpy(rep + r * D * H, wv.w + r / (E.tp / Hkv) * D * H, sizeof(float) * (size_t)(D * H));
+        dtl_placement pc[DTL_MAX_MESH_DIMS];
+        cut(dtl_shard(0), pc);
+        CHECK_OK(dt_qweight_make_from(&wrep, E.mesh, &f8, 2, shape, pc, rep));
+        free(rep);
+      }
       float *wqkv = malloc(sizeof(float) * (size_t)(W * H));
       memcpy(wqkv, wq.w, sizeof(float) * (size_t)(Hq * D * H));
       memcpy(wqkv + Hq * D * H, wk.w, sizeof(float) * (size_t)(Hkv * D * H));
@@ -304,7 +318,8 @@ static void attention_on_quantized_weights_matches_dense_on_dequantized(void) {
       t_attention(T, H, Hq, Hkv, D, scale, x, wqkv, bqkv, wo.w, bo, ref);
       dtl_tp_attention_params qp = {.mask = DTL_TP_QUANT_WEIGHTS, .flags = sp ? DTL_TP_SEQUENCE_PARALLEL : 0,
                                     .hidden = H, .q_heads = Hq, .kv_heads = Hkv, .head_dim = D, .qkv_bias = bqkv,
-                                    .out_bias = bo, .qq = &wq.q, .qk = &wk.q, .qv = &wv.q, .qout = &wo.q};
+                                    .out_bias = bo, .qq = &wq.q, .qk = &wk.q, .qv = wrep.cut ? &wrep.q : &wv.q,
+                                    .qout = &wo.q};
       dtl_tp_attention_params dp = {.flags = qp.flags, .hidden = H, .q_heads = Hq, .kv_heads = Hkv, .head_dim = D,
                                     .qkv = wqkv, .out = wo.w, .qkv_bias = bqkv, .out_bias = bo};
       dtl_tp_attention *aq = NULL, *ad = NULL;
@@ -325,7 +340,7 @@ static void attention_on_quantized_weights_matches_dense_on_dequantized(void) {
       CHECK(diff <= TOL * (1 + mx), "format %d sp=%d: max difference %g from the dense block", fi, sp, diff);
       dtl_layout_destroy(li);
       dtl_tp_attention_destroy(aq), dtl_tp_attention_destroy(ad);
-      dt_qweight_free(&wq), dt_qweight_free(&wk), dt_qweight_free(&wv), dt_qweight_free(&wo);
+      dt_qweight_free(&wq), dt_qweight_free(&wk), dt_qweight_free(&wv), dt_qweight_free(&wo), dt_qweight_free(&wrep);
       free(wqkv), free(x), free(bqkv), free(bo), free(ref), free(xl), free(yq), free(yd);
     }
 }

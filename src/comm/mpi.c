@@ -141,18 +141,18 @@ DTL__HALF_OPS(dtl__f16, dtl__f16_to_f32, dtl__f32_to_f16)
 DTL__HALF_OPS(dtl__bf16, dtl__bf16_to_f32, dtl__f32_to_bf16)
 
 /* --- e4m3 / e5m2 max and min: compared as values, the winner's code kept, so the result is one of the inputs ---- */
-#define DTL__F8_OP(name, to, cmp)                                            \
+#define DTL__F8_OP(name, gt, a, b)                                          \
   static void name(void *in, void *inout, int *len, MPI_Datatype *dt) {     \
     (void)dt;                                                               \
     const uint8_t *x = in;                                                  \
     uint8_t *y = inout;                                                     \
     for (int i = 0; i < *len; i++)                                          \
-      if (to(x[i]) cmp to(y[i])) y[i] = x[i];                               \
+      if (gt(a[i], b[i])) y[i] = x[i];                                      \
   }
-DTL__F8_OP(dtl__f8e4m3_max, dtl__f8e4m3_to_f32, >)
-DTL__F8_OP(dtl__f8e4m3_min, dtl__f8e4m3_to_f32, <)
-DTL__F8_OP(dtl__f8e5m2_max, dtl__f8e5m2_to_f32, >)
-DTL__F8_OP(dtl__f8e5m2_min, dtl__f8e5m2_to_f32, <)
+DTL__F8_OP(dtl__f8e4m3_max, dtl__f8e4m3_gt, x, y)
+DTL__F8_OP(dtl__f8e4m3_min, dtl__f8e4m3_gt, y, x)
+DTL__F8_OP(dtl__f8e5m2_max, dtl__f8e5m2_gt, x, y)
+DTL__F8_OP(dtl__f8e5m2_min, dtl__f8e5m2_gt, y, x)
 
 static MPI_Datatype dtl__mpi_type(dtl_dtype t) {
   switch (t) {

@@ -93,11 +93,11 @@ DTL__COMBINE_INT(i32, int32_t, uint32_t)
 DTL__COMBINE_INT(i64, int64_t, uint64_t)
 /* e4m3/e5m2: max and min only (types.h), compared as values with the winner's code kept, as the transport's MPI_Ops
  * do, so the result is one of the inputs. */
-#define DTL__COMBINE_F8(sfx, to)                                              \
-  DTL__COMBINE(dtl__max_##sfx, uint8_t, to(b) > to(a) ? b : a)                \
-  DTL__COMBINE(dtl__min_##sfx, uint8_t, to(b) < to(a) ? b : a)
-DTL__COMBINE_F8(f8e4m3, dtl__f8e4m3_to_f32)
-DTL__COMBINE_F8(f8e5m2, dtl__f8e5m2_to_f32)
+#define DTL__COMBINE_F8(sfx, gt)                                              \
+  DTL__COMBINE(dtl__max_##sfx, uint8_t, gt(b, a) ? b : a)                     \
+  DTL__COMBINE(dtl__min_##sfx, uint8_t, gt(a, b) ? b : a)
+DTL__COMBINE_F8(f8e4m3, dtl__f8e4m3_gt)
+DTL__COMBINE_F8(f8e5m2, dtl__f8e5m2_gt)
 
 static dtl__combine_fn dtl__combine(dtl_dtype t, dtl_reduce_op op) {
 #define DTL__ROW(sfx) {dtl__sum_##sfx, dtl__prod_##sfx, dtl__max_##sfx, dtl__min_##sfx}

@@ -35,8 +35,11 @@ extern "C" {
  * Values: FP8 code * scale (FP8_BLOCK: the block's scale_inv, as DeepSeek-V3 stores it). GPTQ (4-bit, 8 codes per
  * int32, code k of a word in bits 4k..4k+3) and AWQ (AWQ's interleaved order: the nibbles of a word hold codes
  * 0, 2, 4, 6, 1, 3, 5, 7) dequantize to (code - zero) * scale, the group of input channel c being c / group (GPTQ
- * with DTL_QFMT_ACT_ORDER: g_idx[c]); GPTQ checkpoints store zero - 1 (GPTQ v1, as AutoGPTQ and vLLM read it). GGUF:
- * ggml's blocks, bit for bit (the gguf Python package's quants module is the oracle). */
+ * with DTL_QFMT_ACT_ORDER: g_idx[c]); GPTQ checkpoints store zero - 1 (GPTQ v1, as AutoGPTQ and vLLM's exllama kernels
+ * read it: zero = stored nibble + 1, in 1..16, so a stored 15 reads as 16; gptqmodel's v2 stores the zero itself: add 1
+ * to each nibble to get v1). compressed-tensors' pack-quantized is none of these (codes [R, C/8] packed along C and
+ * offset by 8, scales [R, G], zeros [R/8, G]): convert it. GGUF: ggml's blocks, bit for bit (the gguf Python package's
+ * quants module is the oracle). */
 typedef enum {
   DTL_QUANT_FP8_BLOCK = 0,
   DTL_QUANT_FP8_CHANNEL = 1,
@@ -124,10 +127,15 @@ typedef struct {
  * the slice of the dense tensor's dequantization. A scale that is NaN or infinite where the format forbids it (every
  * format here) is DTL_ERR_INVALID_ARGUMENT naming the part, its index and value; out is then untouched. */
 DTL_API dtl_status dtl_quant_dequantize(const dtl_qlayout *l, const dtl_qbuf *local, float *out);
-/* Quantizes a dense f32 tensor of the logical box of this rank into local: scales from each block's absolute
- * maximum (FP8: amax / 448 or 57344; int4: asymmetric min/max over the group, zero in 0..15; GGUF: ggml's
- * reference quantizers). Every block the local box touches must be whole in it (a replicated layout always is),
- * else DTL_ERR_INVALID_ARGUMENT naming the dim and the cut block. */
+/* Quantizes a dense f32 tensor of the logical box of this rank into local, each block from its own values, as the
+ * format's tools do: FP8 scale = max(amax, 1e-10) / 448 or 57344 and code = RNE(x / scale) (vLLM's
+ * per_token_group_quant_fp8); GPTQ: GPTQ's quantizer (range [min(min, 0), max(max, 0)], scale = range / 15,
+ * zero = RNE(-min / scale); a zero of 0, which v1 cannot store, becomes 1 with scale = max / 14), act order with the
+ * identity g_idx (c / group); AWQ: autoawq's (scale = max(max - min, 1e-5) / 15, zero clamped to 0..15); Q8_0, Q4_0:
+ * ggml's reference quantizers; Q4_K: DTL_ERR_UNSUPPORTED. Codes use the scale as stored (rounded to its dtype). Every
+ * block the local box touches must be whole in it (a replicated layout always is), else DTL_ERR_INVALID_ARGUMENT
+ * naming the dim and the cut block; a NaN or infinite input, or a scale its dtype cannot hold, is
+ * DTL_ERR_INVALID_ARGUMENT too. Nothing is written on failure. */
 DTL_API dtl_status dtl_quant_quantize(const dtl_qlayout *l, const float *dense_local, dtl_qbuf *local);
 
 /* Redistribution of a quantized tensor: one plan moves codes and scales (and zeros, g_idx) together, between two

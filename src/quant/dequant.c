@@ -88,55 +88,146 @@ static void dtl__tile_fp8(const dtl__qshard *s, int64_t mat, int64_t r0, int64_t
 
 /* --- GPTQ and AWQ ---------------------------------------------------------------------------------------------- */
 
-/* The f32 value of (code - zero) * scale is exact: |code - zero| <= 16 times an f16/bf16/f32 scale. */
+/* What the int4 loops share: the part bases of one matrix and their boxes. The f32 value of (code - zero) * scale is
+ * exact (|code - zero| <= 16 times an f16/bf16/f32 scale), so loop order cannot change a bit. */
+typedef struct {
+  bool gptq, act;
+  int nl;
+  dtl_dtype sdt;
+  int64_t group, gcol0;
+  const int64_t *qsh, *qof, *ssh, *sof, *zsh, *zof;
+  const uint32_t *qw, *qz;
+  const void *sc;
+  int64_t sbase;
+  const int32_t *gidx;
+  int64_t gidx0;
+} dtl__int4_ctx;
+
+/* Group gi's scale and zero of global row gr (GPTQ v1 stores zero - 1; AWQ's nibbles are interleaved). */
+static inline void dtl__int4_group(const dtl__int4_ctx *k, int64_t gi, int64_t gr, float *v, int *zero) {
+  int nl = k->nl;
+  *v = dtl__qscale_at(k->sc, k->sbase + (gi - k->sof[nl]) * k->ssh[nl + 1] + gr - k->sof[nl + 1], k->sdt);
+  int zshift = 4 * (k->gptq ? (int)(gr % 8) : dtl__awq_nibble[gr % 8]);
+  *zero = (int)((k->qz[(gi - k->zof[nl]) * k->zsh[nl + 1] + gr / 8 - k->zof[nl + 1]] >> zshift) & 15u) + k->gptq;
+}
+
+/* The group of input channel gc; *next is where the group that the last call found ends (no division per element:
+ * the loops go up the channels). */
+static inline int64_t dtl__int4_gi(const dtl__int4_ctx *k, int64_t gc, int64_t last, int64_t *next) {
+  if (k->act) return k->gidx[gc - k->gidx0];
+  if (gc < *next && last >= 0) return last;
+  int64_t gi = gc / k->group;
+  *next = (gi + 1) * k->group;
+  return gi;
+}
+
+/* The 16 values (q - zero) * v of one group's row: a table lookup per element gives the same bits as the multiply. */
+static inline void dtl__int4_table(float v, int zero, float *tab) {
+  for (int q = 0; q < 16; q++) tab[q] = (float)(q - zero) * v;
+}
+
+/* GPTQ, qweight [C/8, R]: a word holds 8 input channels of one row, in order; one row at a time, a word at a time,
+ * through the group's table (act order: the group may change at every channel, so its value directly). */
+static void dtl__tile_gptq(const dtl__int4_ctx *k, int64_t grow0, int64_t r0, int64_t nr, int64_t c0, int64_t nc,
+                           float *out, int64_t ldo) {
+  int nl = k->nl;
+  float tab[16];
+  for (int64_t i = 0; i < nr; i++) {
+    int64_t gr = grow0 + r0 + i, last_g = -1, next = 0;
+    const uint32_t *col = k->qw + (gr - k->qof[nl + 1]);
+    float *orow = out + i * ldo, v = 0.0f;
+    int zero = 0;
+    for (int64_t c = c0; c < c0 + nc;) {
+      int64_t gc = k->gcol0 + c;
+      uint32_t word = col[(gc / 8 - k->qof[nl]) * k->qsh[nl + 1]];
+      int64_t end = c + (8 - gc % 8);
+      if (end > c0 + nc) end = c0 + nc;
+      if (k->act) {
+        for (; c < end; c++, gc++) {
+          int64_t gi = dtl__int4_gi(k, gc, last_g, &next);
+          if (gi != last_g) {
+            last_g = gi;
+            dtl__int4_group(k, gi, gr, &v, &zero);
+          }
+          orow[c - c0] = (float)((int)((word >> (4 * (gc % 8))) & 15u) - zero) * v;
+        }
+        continue;
+      }
+      for (; c < end; c++, gc++) {
+        if (gc >= next || last_g < 0) {
+          last_g = dtl__int4_gi(k, gc, -1, &next);
+          dtl__int4_group(k, last_g, gr, &v, &zero);
+          dtl__int4_table(v, zero, tab);
+        }
+        orow[c - c0] = tab[(word >> (4 * (gc % 8))) & 15u];
+      }
+    }
+  }
+}
+
+/* AWQ, qweight [C, R/8]: a word holds 8 rows of one input channel; the rows of one word at a time (up to 8 output
+ * rows), a column at a time, through each row's table of its group. */
+static void dtl__tile_awq(const dtl__int4_ctx *k, int64_t grow0, int64_t r0, int64_t nr, int64_t c0, int64_t nc,
+                          float *out, int64_t ldo) {
+  int nl = k->nl;
+  float tab[8][16];
+  for (int64_t i0 = 0; i0 < nr;) {
+    int64_t gr0 = grow0 + r0 + i0, n8 = 8 - gr0 % 8;
+    if (n8 > nr - i0) n8 = nr - i0;
+    int shift[8];
+    for (int j = 0; j < n8; j++) shift[j] = 4 * dtl__awq_nibble[(gr0 + j) % 8];
+    const uint32_t *rowword = k->qw + (gr0 / 8 - k->qof[nl + 1]);
+    int64_t last_g = -1, next = 0;
+    for (int64_t c = c0; c < c0 + nc; c++) {
+      int64_t gc = k->gcol0 + c, gi = dtl__int4_gi(k, gc, last_g, &next);
+      if (gi != last_g) {
+        last_g = gi;
+        for (int j = 0; j < n8; j++) {
+          float v;
+          int zero;
+          dtl__int4_group(k, gi, gr0 + j, &v, &zero);
+          dtl__int4_table(v, zero, tab[j]);
+        }
+      }
+      uint32_t word = rowword[(gc - k->qof[nl]) * k->qsh[nl + 1]];
+      if (n8 == 8)
+        for (int j = 0; j < 8; j++) out[(i0 + j) * ldo + c - c0] = tab[j][(word >> shift[j]) & 15u];
+      else
+        for (int j = 0; j < n8; j++) out[(i0 + j) * ldo + c - c0] = tab[j][(word >> shift[j]) & 15u];
+    }
+    i0 += n8;
+  }
+}
+
 static void dtl__tile_int4(const dtl__qshard *s, int64_t mat, int64_t r0, int64_t nr, int64_t c0, int64_t nc, float *out,
                            int64_t ldo) {
   const dtl__qgeom *g = s->g;
   const dtl_quant_format *f = &g->fmt;
-  bool gptq = f->kind == DTL_QUANT_GPTQ, act = (f->flags & DTL_QFMT_ACT_ORDER) != 0;
   int nl = dtl__qlead(g), cd = g->ndim - 1;
-  int64_t grow0 = s->loff[nl], gcol0 = s->loff[cd];
-  int64_t group = f->group == -1 ? g->shape[cd] : f->group;
-  const int64_t *qsh = s->pshape[DTL_QPART_CODES], *qof = s->poff[DTL_QPART_CODES];
-  const int64_t *ssh = s->pshape[DTL_QPART_SCALES], *sof = s->poff[DTL_QPART_SCALES];
-  const int64_t *zsh = s->pshape[DTL_QPART_ZEROS], *zof = s->poff[DTL_QPART_ZEROS];
-  const uint32_t *qw = (const uint32_t *)s->part[DTL_QPART_CODES] + mat * dtl__qinner(s, DTL_QPART_CODES, nl);
-  const void *sc = s->part[DTL_QPART_SCALES];
-  int64_t sbase = mat * dtl__qinner(s, DTL_QPART_SCALES, nl);
-  const uint32_t *qz = (const uint32_t *)s->part[DTL_QPART_ZEROS] + mat * dtl__qinner(s, DTL_QPART_ZEROS, nl);
-  const int32_t *gidx = act ? (const int32_t *)s->part[DTL_QPART_GIDX] + mat * s->pshape[DTL_QPART_GIDX][nl] : NULL;
-  int64_t gidx0 = act ? s->poff[DTL_QPART_GIDX][nl] : 0;
-  for (int64_t i = 0; i < nr; i++) {
-    int64_t gr = grow0 + r0 + i;
-    float *orow = out + i * ldo;
-    /* zero nibble of this row: GPTQ packs 8 rows per word in order, AWQ in its interleaved order */
-    int zshift = 4 * (gptq ? (int)(gr % 8) : dtl__awq_nibble[gr % 8]);
-    int64_t zcol = gr / 8 - zof[nl + 1], scol = gr - sof[nl + 1];
-    int64_t last_g = -1;
-    float v = 0.0f;
-    int zero = 0;
-    for (int64_t c = c0; c < c0 + nc; c++) {
-      int64_t gc = gcol0 + c;
-      int64_t gi = act ? gidx[gc - gidx0] : gc / group;
-      if (gi != last_g) {
-        last_g = gi;
-        v = dtl__qscale_at(sc, sbase + (gi - sof[nl]) * ssh[nl + 1] + scol, f->scale_dtype);
-        zero = (int)((qz[(gi - zof[nl]) * zsh[nl + 1] + zcol] >> zshift) & 15u);
-        if (gptq) zero += 1; /* GPTQ v1 stores zero - 1 */
-      }
-      uint32_t word;
-      int shift;
-      if (gptq) { /* qweight [C/8, R]: 8 input channels per word, in order */
-        word = qw[(gc / 8 - qof[nl]) * qsh[nl + 1] + (gr - qof[nl + 1])];
-        shift = 4 * (int)(gc % 8);
-      } else { /* qweight [C, R/8]: 8 output rows per word, interleaved */
-        word = qw[(gc - qof[nl]) * qsh[nl + 1] + (gr / 8 - qof[nl + 1])];
-        shift = zshift;
-      }
-      int q = (int)((word >> shift) & 15u);
-      orow[c - c0] = (float)(q - zero) * v;
-    }
+  dtl__int4_ctx k = {
+      .gptq = f->kind == DTL_QUANT_GPTQ,
+      .act = (f->flags & DTL_QFMT_ACT_ORDER) != 0,
+      .nl = nl,
+      .sdt = f->scale_dtype,
+      .group = f->group == -1 ? g->shape[cd] : f->group,
+      .gcol0 = s->loff[cd],
+      .qsh = s->pshape[DTL_QPART_CODES],
+      .qof = s->poff[DTL_QPART_CODES],
+      .ssh = s->pshape[DTL_QPART_SCALES],
+      .sof = s->poff[DTL_QPART_SCALES],
+      .zsh = s->pshape[DTL_QPART_ZEROS],
+      .zof = s->poff[DTL_QPART_ZEROS],
+      .qw = (const uint32_t *)s->part[DTL_QPART_CODES] + mat * dtl__qinner(s, DTL_QPART_CODES, nl),
+      .qz = (const uint32_t *)s->part[DTL_QPART_ZEROS] + mat * dtl__qinner(s, DTL_QPART_ZEROS, nl),
+      .sc = s->part[DTL_QPART_SCALES],
+      .sbase = mat * dtl__qinner(s, DTL_QPART_SCALES, nl),
+  };
+  if (k.act) {
+    k.gidx = (const int32_t *)s->part[DTL_QPART_GIDX] + mat * s->pshape[DTL_QPART_GIDX][nl];
+    k.gidx0 = s->poff[DTL_QPART_GIDX][nl];
   }
+  if (k.gptq) dtl__tile_gptq(&k, s->loff[nl], r0, nr, c0, nc, out, ldo);
+  else dtl__tile_awq(&k, s->loff[nl], r0, nr, c0, nc, out, ldo);
 }
 
 /* --- GGUF ------------------------------------------------------------------------------------------------------ */

@@ -8,6 +8,10 @@
 
 #include "quant/format.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct {
   const dtl__qgeom *g;
   int64_t lshape[DTL_MAX_TENSOR_DIMS], loff[DTL_MAX_TENSOR_DIMS]; /* the logical box */
@@ -27,5 +31,17 @@ dtl_status dtl__qshard_check(const char *fn, const dtl__qshard *s);
  * dimension ldo. Trusts its input (dtl__qshard_check first). A GGUF tile's columns need not be block-aligned. */
 void dtl__qshard_dequant_tile(const dtl__qshard *s, int64_t mat, int64_t r0, int64_t nr, int64_t c0, int64_t nc,
                               float *out, int64_t ldo);
+#if DTL_HAVE_NCCL
+/* The same tile on the device, one thread per output element, bit for bit the host tile: s's part pointers are device
+ * buffers and out a device buffer (leading dimension ldo) of the caller's current device; enqueued on stream (a
+ * cudaStream_t). Trusts its input like the host kernel (check the scales where they are on the host). The host
+ * tile is its emulation. DTL_ERR_CUDA when the launch fails. */
+dtl_status dtl__qshard_dequant_tile_cuda(const dtl__qshard *s, int64_t mat, int64_t r0, int64_t nr, int64_t c0,
+                                         int64_t nc, float *out, int64_t ldo, void *stream);
+#endif
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -212,6 +212,8 @@ dtl_status dtl__qgeom_init(const char *fn, const dtl_quant_format *fmt, int ndim
   return DTL_OK;
 }
 
+static int64_t dtl__qceil(int64_t a, int64_t n) { return a / n + (a % n != 0); }
+
 void dtl__qgeom_part_box(const dtl__qgeom *g, int part, const int64_t *lshape, const int64_t *loff, int64_t *pshape,
                          int64_t *poff) {
   const dtl__qpart_geom *pg = &g->part[part];
@@ -220,8 +222,13 @@ void dtl__qgeom_part_box(const dtl__qgeom *g, int part, const int64_t *lshape, c
     int64_t lo = loff[m->src], hi = lo + lshape[m->src];
     switch (m->kind) {
       case DTL__QMAP_SAME: poff[d] = lo; pshape[d] = hi - lo; break;
-      case DTL__QMAP_PACK: poff[d] = lo / m->n; pshape[d] = hi / m->n - lo / m->n; break;
-      case DTL__QMAP_BYTES: poff[d] = lo / m->n * m->bytes; pshape[d] = (hi / m->n - lo / m->n) * m->bytes; break;
+      /* the units the box touches, so that a box inside a unit still reaches its codes (a layout's boxes are
+       * whole units: its cuts are checked) */
+      case DTL__QMAP_PACK: poff[d] = lo / m->n; pshape[d] = hi == lo ? 0 : dtl__qceil(hi, m->n) - lo / m->n; break;
+      case DTL__QMAP_BYTES:
+        poff[d] = lo / m->n * m->bytes;
+        pshape[d] = hi == lo ? 0 : (dtl__qceil(hi, m->n) - lo / m->n) * m->bytes;
+        break;
       case DTL__QMAP_BLOCK:
         poff[d] = lo / m->n;
         pshape[d] = hi == lo ? 0 : (hi / m->n + (hi % m->n != 0)) - lo / m->n;

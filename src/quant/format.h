@@ -9,10 +9,16 @@
 
 #include "common/internal.h"
 
+#ifdef __cplusplus
+extern "C" { /* dequant.cu includes this file */
+#endif
+
 /* How one dim of a part follows logical dim `src` (or no logical dim: DTL__QMAP_ONE):
  * - SAME:  the same extent and box (leading dims, unpacked code dims);
- * - PACK:  `n` logical elements per part element (GPTQ/AWQ: 8 codes per int32): extent N / n, box [lo/n, hi/n);
- * - BYTES: GGUF blocks of `n` elements stored as `bytes` bytes: extent N / n * bytes, box [lo/n * bytes, hi/n * bytes);
+ * - PACK:  `n` logical elements per part element (GPTQ/AWQ: 8 codes per int32): extent N / n, box the units the
+ *          logical box touches, [floor(lo/n), ceil(hi/n)) (a layout's boxes hold whole units: its cuts are checked);
+ * - BYTES: GGUF blocks of `n` elements stored as `bytes` bytes: extent N / n * bytes, box the blocks the logical box
+ *          touches, [floor(lo/n) * bytes, ceil(hi/n) * bytes);
  * - BLOCK: one part element per block of `n` logical elements (scales, zeros): extent ceil(N / n), box = the blocks
  *   the logical box touches, [floor(lo / n), ceil(hi / n)) (empty where the logical box is empty);
  * - WHOLE: every part element, whatever the logical box (act-order scales: any row may use any group);
@@ -62,4 +68,7 @@ static inline int64_t dtl__qbox_count(int ndim, const int64_t *shape) {
 /* The short text of a format: "fp8-block(128x128,f8e4m3)", "gptq(g128)", "q4_k". */
 void dtl__qformat_text(const dtl_quant_format *f, char *buf, size_t cap);
 
+#ifdef __cplusplus
+}
+#endif
 #endif

@@ -15,6 +15,10 @@
 #include "common/half.h"
 #include "quant/quantize.h"
 
+/* max and min of values checked finite (no NaN to order), inlined where libm's fmaxf/fminf are calls. */
+static inline float dtl__qmax(float a, float b) { return a > b ? a : b; }
+static inline float dtl__qmin(float a, float b) { return a < b ? a : b; }
+
 static const int dtl__awq_nibble_q[8] = {0, 4, 1, 5, 2, 6, 3, 7}; /* AWQ_REVERSE_ORDER, as in dequant.c */
 
 /* s as its dtype stores it: false when the dtype cannot hold it (overflow). A positive s that would round to 0 takes
@@ -105,8 +109,8 @@ static dtl_status dtl__quant_fp8(const char *fn, const dtl__qshard *s, const flo
       }
       float amax = 0.0f;
       for (int64_t r = r_lo; r < r_hi; r++)
-        for (int64_t c = c_lo; c < c_hi; c++) amax = fmaxf(amax, fabsf(x[r * cols + c]));
-      float sc = fmaxf(amax, DTL__QUANT_FP8_EPS) / fmax, back;
+        for (int64_t c = c_lo; c < c_hi; c++) amax = dtl__qmax(amax, fabsf(x[r * cols + c]));
+      float sc = dtl__qmax(amax, DTL__QUANT_FP8_EPS) / fmax, back;
       uint32_t bits;
       if (!dtl__qscale_fit(sc, f->scale_dtype, &bits, &back)) {
         char what[96];
@@ -118,7 +122,7 @@ static dtl_status dtl__quant_fp8(const char *fn, const dtl__qshard *s, const flo
       dtl__qscale_put(parts[DTL_QPART_SCALES], m * nsc + j, f->scale_dtype, bits);
       for (int64_t r = r_lo; r < r_hi; r++)
         for (int64_t c = c_lo; c < c_hi; c++) {
-          float q = fminf(fmaxf(x[r * cols + c] / back, -fmax), fmax);
+          float q = dtl__qmin(dtl__qmax(x[r * cols + c] / back, -fmax), fmax);
           codes[(m * rows + r) * cols + c] = e5 ? dtl__f32_to_f8e5m2(q) : dtl__f32_to_f8e4m3(q);
         }
     }
@@ -158,14 +162,14 @@ static dtl_status dtl__quant_int4(const char *fn, const dtl__qshard *s, const fl
         if (c_hi > cols) c_hi = cols;
         float lo = INFINITY, hi = -INFINITY;
         for (int64_t c = c_lo; c < c_hi; c++) {
-          lo = fminf(lo, x[r * cols + c]);
-          hi = fmaxf(hi, x[r * cols + c]);
+          lo = dtl__qmin(lo, x[r * cols + c]);
+          hi = dtl__qmax(hi, x[r * cols + c]);
         }
         if (c_lo >= c_hi) lo = hi = 0.0f;
         float sc, zero;
         if (gptq) {
-          lo = fminf(lo, 0.0f);
-          hi = fmaxf(hi, 0.0f);
+          lo = dtl__qmin(lo, 0.0f);
+          hi = dtl__qmax(hi, 0.0f);
           if (lo == 0.0f && hi == 0.0f) {
             lo = -1.0f;
             hi = 1.0f;
@@ -177,8 +181,8 @@ static dtl_status dtl__quant_int4(const char *fn, const dtl__qshard *s, const fl
             sc = hi / 14.0f;
           }
         } else {
-          sc = fmaxf(hi - lo, 1e-5f) / 15.0f;
-          zero = fminf(fmaxf(-nearbyintf(lo / sc), 0.0f), 15.0f);
+          sc = dtl__qmax(hi - lo, 1e-5f) / 15.0f;
+          zero = dtl__qmin(dtl__qmax(-nearbyintf(lo / sc), 0.0f), 15.0f);
         }
         float back;
         uint32_t bits;
@@ -195,7 +199,7 @@ static dtl_status dtl__quant_int4(const char *fn, const dtl__qshard *s, const fl
         qz[m * nz + (gi - zof[nl]) * zsh[nl + 1] + gr / 8 - zof[nl + 1]] |= zstore << zshift;
         for (int64_t c = c_lo; c < c_hi; c++) {
           int64_t gc = gcol0 + c;
-          uint32_t q = (uint32_t)fminf(fmaxf(nearbyintf(x[r * cols + c] / back) + zero, 0.0f), 15.0f);
+          uint32_t q = (uint32_t)dtl__qmin(dtl__qmax(nearbyintf(x[r * cols + c] / back) + zero, 0.0f), 15.0f);
           if (gptq) qw[m * nq + (gc / 8 - qof[nl]) * qsh[nl + 1] + gr - qof[nl + 1]] |= q << (4 * (gc % 8));
           else qw[m * nq + (gc - qof[nl]) * qsh[nl + 1] + gr / 8 - qof[nl + 1]] |= q << zshift;
         }
@@ -227,7 +231,7 @@ static dtl_status dtl__quant_gguf(const char *fn, const dtl__qshard *s, const fl
       float d, id;
       if (q8) {
         float amax = 0.0f;
-        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[j]));
+        for (int j = 0; j < 32; j++) amax = dtl__qmax(amax, fabsf(x[j]));
         d = amax / 127.0f;
       } else {
         float amax = 0.0f, max = 0.0f;

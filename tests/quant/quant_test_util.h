@@ -226,6 +226,41 @@ static inline float qt_ref_value(const qt_tensor *t, int64_t mat, int64_t r, int
   return prod - m1;
 }
 
+/* The quantization step of logical element (mat, r, c): the magnitude of its scale (FP8: the scale; GPTQ, AWQ: the
+ * group's scale; Q8_0, Q4_0: the block's d). Not for Q4_K. */
+static inline float qt_ref_step(const qt_tensor *t, int64_t mat, int64_t r, int64_t c) {
+  const dtl_quant_format *f = &t->fmt;
+  int nd = t->ndim;
+  int64_t R = nd >= 2 ? t->shape[nd - 2] : 1, C = t->shape[nd - 1];
+  if (f->kind == DTL_QUANT_FP8_BLOCK) {
+    int64_t br = (R + f->block_rows - 1) / f->block_rows, bc = (C + f->block_cols - 1) / f->block_cols;
+    return fabsf(qt_scale(t, (mat * br + r / f->block_rows) * bc + c / f->block_cols));
+  }
+  if (f->kind == DTL_QUANT_FP8_CHANNEL) return fabsf(qt_scale(t, mat * R + r));
+  if (f->kind == DTL_QUANT_FP8_TENSOR) return fabsf(qt_scale(t, mat));
+  if (f->kind == DTL_QUANT_GPTQ || f->kind == DTL_QUANT_AWQ) {
+    int64_t group = f->group == -1 ? C : f->group, G = (C + group - 1) / group;
+    int64_t g = (f->flags & DTL_QFMT_ACT_ORDER) ? ((const int32_t *)t->part[DTL_QPART_GIDX])[mat * C + c] : c / group;
+    return fabsf(qt_scale(t, (mat * G + g) * R + r));
+  }
+  int64_t bb = f->kind == DTL_QUANT_GGUF_Q8_0 ? 34 : 18;
+  const uint8_t *blk = (const uint8_t *)t->part[DTL_QPART_CODES] + ((mat * R + r) * (C / 32) + c / 32) * bb;
+  return fabsf(dtl__f16_to_f32((uint16_t)(blk[0] | blk[1] << 8)));
+}
+
+/* The zero point of logical element (mat, r, c) of a GPTQ (stored + 1) or AWQ tensor. */
+static inline int qt_ref_zero(const qt_tensor *t, int64_t mat, int64_t r, int64_t c) {
+  static const int awq_nibble[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+  const dtl_quant_format *f = &t->fmt;
+  int nd = t->ndim;
+  int64_t R = t->shape[nd - 2], C = t->shape[nd - 1];
+  int64_t group = f->group == -1 ? C : f->group, G = (C + group - 1) / group;
+  int64_t g = (f->flags & DTL_QFMT_ACT_ORDER) ? ((const int32_t *)t->part[DTL_QPART_GIDX])[mat * C + c] : c / group;
+  uint32_t zw = ((const uint32_t *)t->part[DTL_QPART_ZEROS])[(mat * G + g) * (R / 8) + r / 8];
+  if (f->kind == DTL_QUANT_GPTQ) return (int)((zw >> (4 * (r % 8))) & 15) + 1;
+  return (int)((zw >> (4 * awq_nibble[r % 8])) & 15);
+}
+
 /* Copies the box (shape, off) of a row-major tensor (gshape, es bytes per element) into dst. */
 static inline void qt_slice(const void *src, int ndim, const int64_t *gshape, size_t es, const int64_t *shape,
                             const int64_t *off, void *dst) {

@@ -258,6 +258,56 @@ static void every_shard_dequantizes_to_the_slice_of_the_dense_result_on_meshes_o
   }
 }
 
+/* The kernels on any logical box, aligned to the packing or not: the part boxes dtl__qgeom_part_box gives (the units
+ * and blocks the box touches) hold every code and scale its elements need. */
+static void any_logical_box_dequantizes_from_the_part_boxes_it_touches(void **state) {
+  qt_rng r = {0x5eed0003};
+  for (int k = 0; k < DTL_QUANT_NUM_KINDS; k++)
+    for (int n = 0; n < 3 * TENSORS_PER_KIND; n++) {
+      qt_tensor t;
+      next_tensor(&r, (dtl_quant_kind)k, &t);
+      float *dense = dense_dequantize(&t);
+      dtl__qgeom g;
+      assert_int_equal(dtl__qgeom_init("test", &t.fmt, t.ndim, t.shape, &g), DTL_OK);
+      int64_t bs[DTL_MAX_TENSOR_DIMS], bo[DTL_MAX_TENSOR_DIMS];
+      for (int d = 0; d < t.ndim; d++) {
+        bo[d] = t.shape[d] ? qt_below(&r, t.shape[d]) : 0;
+        bs[d] = t.shape[d] ? 1 + qt_below(&r, t.shape[d] - bo[d]) : 0;
+      }
+      const void *parts[DTL_QUANT_NUM_PARTS] = {NULL};
+      void *own[DTL_QUANT_NUM_PARTS] = {NULL};
+      for (int p = 0; p < DTL_QUANT_NUM_PARTS; p++) {
+        if (g.part[p].ndim < 0) continue;
+        int64_t ps[DTL_MAX_TENSOR_DIMS], po[DTL_MAX_TENSOR_DIMS];
+        dtl__qgeom_part_box(&g, p, bs, bo, ps, po);
+        size_t es = dtl_dtype_size(g.part[p].dtype);
+        own[p] = malloc((size_t)dtl__qbox_count(g.part[p].ndim, ps) * es + 1);
+        qt_slice(t.part[p], g.part[p].ndim, g.part[p].shape, es, ps, po, own[p]);
+        parts[p] = own[p];
+      }
+      dtl__qshard s;
+      dtl__qshard_init(&s, &g, bs, bo, parts);
+      assert_int_equal(dtl__qshard_check("test", &s), DTL_OK);
+      int nd = t.ndim;
+      int64_t R = nd >= 2 ? bs[nd - 2] : 1, C = bs[nd - 1], mats = nd > 2 ? bs[0] : 1;
+      size_t cnt = (size_t)(mats * R * C);
+      float *out = malloc(cnt * 4 + 4), *want = malloc(cnt * 4 + 4);
+      for (int64_t m = 0; m < mats; m++) dtl__qshard_dequant_tile(&s, m, 0, R, 0, C, out + m * R * C, C);
+      qt_slice(dense, nd, t.shape, 4, bs, bo, want);
+      if (memcmp(out, want, cnt * 4)) {
+        char ts[160];
+        tensor_text(&t, ts, sizeof ts);
+        fail_msg("%s: the box at [%lld, %lld] of [%lld, %lld] differs from the dense slice", ts, (long long)bo[nd - 1],
+                 (long long)(nd >= 2 ? bo[nd - 2] : 0), (long long)bs[nd - 1], (long long)(nd >= 2 ? bs[nd - 2] : 1));
+      }
+      free(out);
+      free(want);
+      for (int p = 0; p < DTL_QUANT_NUM_PARTS; p++) free(own[p]);
+      free(dense);
+      qt_tensor_free(&t);
+    }
+}
+
 /* The worked cases of the issue: FP8 128-blocks over TP 8 on 512 columns (64 each, the boundary block on both
  * sides) and DeepSeek-R1's 18432 over TP 32 (576 each, 4.5 blocks). */
 static void fp8_blocks_split_by_a_cut_go_to_both_sides(void **state) {
@@ -291,6 +341,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(dense_dequantization_equals_the_formats_definition_for_every_format),
       cmocka_unit_test(every_shard_dequantizes_to_the_slice_of_the_dense_result_on_meshes_of_1_to_8),
+      cmocka_unit_test(any_logical_box_dequantizes_from_the_part_boxes_it_touches),
       cmocka_unit_test(fp8_blocks_split_by_a_cut_go_to_both_sides),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -163,14 +163,19 @@ void dtl_moe_qmlp_destroy(dtl_moe_qmlp *m) {
 
 static const char *const dtl__moe_qnames[3] = {"gate", "up", "down"};
 
+/* The text of a layout for a message (formatted only when a check fails: it may allocate). */
+static const char *dtl__moe_qtext(const dtl_qlayout *L, char *buf, size_t cap) {
+  if (dtl_qlayout_format(L, buf, cap) != DTL_OK) snprintf(buf, cap, "(layout)");
+  return buf;
+}
+
 static dtl_status dtl__moe_qmlp_take(const char *fn, int which, const dtl_qlayout *L, const dtl_qbuf *local,
                                      int64_t R, int64_t C, dtl__qshard_own **out) {
   const char *name = dtl__moe_qnames[which];
   DTL_CHECK_ARG(L != NULL, fn, "params.%s=NULL", name);
-  char text[256];
-  if (dtl_qlayout_format(L, text, sizeof text) != DTL_OK) snprintf(text, sizeof text, "(layout)");
+  char buf[256];
   DTL_CHECK_ARG(L->g.ndim == 3 && L->g.shape[1] == R && L->g.shape[2] == C, fn,
-                "params.%s %s: expected [experts, %lld, %lld] (%s)", name, text, (long long)R, (long long)C,
+                "params.%s %s: expected [experts, %lld, %lld] (%s)", name, dtl__moe_qtext(L, buf, sizeof buf), (long long)R, (long long)C,
                 which == 2 ? "[experts, hidden, ffn]" : "[experts, ffn, hidden]");
   const dtl_mesh *mesh = L->logical.mesh;
   if (mesh->comm && mesh->comm->mem.ops->memory != DTL_MEMORY_HOST)
@@ -180,7 +185,7 @@ static dtl_status dtl__moe_qmlp_take(const char *fn, int which, const dtl_qlayou
   DTL_CHECK_ARG(ls[1] == R && ls[2] == C, fn,
                 "params.%s %s gives this rank rows [%lld, %lld) x cols [%lld, %lld) of each expert (expected whole "
                 "[%lld, %lld] matrices: cut only the expert dim)",
-                name, text, (long long)lo[1], (long long)(lo[1] + ls[1]), (long long)lo[2], (long long)(lo[2] + ls[2]),
+                name, dtl__moe_qtext(L, buf, sizeof buf), (long long)lo[1], (long long)(lo[1] + ls[1]), (long long)lo[2], (long long)(lo[2] + ls[2]),
                 (long long)R, (long long)C);
   const void *parts[DTL_QUANT_NUM_PARTS] = {NULL};
   for (int p = 0; p < DTL_QUANT_NUM_PARTS; p++) {

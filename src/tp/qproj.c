@@ -11,11 +11,8 @@
 
 static const char *const dtl__tp_qpart_names[DTL_QUANT_NUM_PARTS] = {"codes", "scales", "zeros", "g_idx"};
 
-size_t dtl__tp_qact_bytes(int64_t T, int64_t cols) {
-  /* e4m3 codes [T, cols], rows padded to 16 bytes for cuBLASLt, then the f32 amax and scale, 16-byte aligned. */
-  int64_t ld = (cols + 15) / 16 * 16;
-  return (size_t)(T * ld) + 32;
-}
+int64_t dtl__tp_qact_ld(int64_t cols) { return (cols + 15) / 16 * 16; }
+size_t dtl__tp_qact_bytes(int64_t T, int64_t cols) { return ((size_t)(T * dtl__tp_qact_ld(cols)) + 15) / 16 * 16 + 16; }
 
 dtl_status dtl__tp_check_quant(const char *fn, bool quant, uint64_t flags, const char *a, const void *pa, const char *b,
                                const void *pb) {
@@ -31,6 +28,12 @@ dtl_status dtl__tp_check_quant(const char *fn, bool quant, uint64_t flags, const
 
 int64_t dtl__tp_qweight_rows(const dtl_tp_qweight *w) {
   return w && w->layout && w->layout->g.ndim == 2 ? w->layout->g.shape[0] : -1;
+}
+
+/* The text of a layout for a message (formatted only when a check fails: it may allocate). */
+static const char *dtl__tp_qtext(const dtl_qlayout *L, char *buf, size_t cap) {
+  if (dtl_qlayout_format(L, buf, cap) != DTL_OK) snprintf(buf, cap, "(layout)");
+  return buf;
 }
 
 static void dtl__tp_qsub_destroy(dtl__tp_qsub *q) {
@@ -61,11 +64,11 @@ static dtl_status dtl__tp_qsub_create(dtl_tp_context *ctx, const char *fn, const
                 (long long)n->R, (long long)n->C);
   const dtl_qlayout *L = n->w->layout;
   DTL_CHECK_ARG(L != NULL, fn, "%s.layout=NULL", name);
-  char text[256];
-  if (dtl_qlayout_format(L, text, sizeof text) != DTL_OK) snprintf(text, sizeof text, "(layout)");
-  DTL_CHECK_ARG(L->logical.mesh == ctx->mesh, fn, "%s.layout %s is on another mesh than the TP context", name, text);
+  char buf[256];
+  DTL_CHECK_ARG(L->logical.mesh == ctx->mesh, fn, "%s.layout %s is on another mesh than the TP context", name,
+                dtl__tp_qtext(L, buf, sizeof buf));
   DTL_CHECK_ARG(L->g.ndim == 2 && L->g.shape[0] == n->R && L->g.shape[1] == n->C, fn,
-                "%s.layout %s: expected a [%lld, %lld] matrix", name, text, (long long)n->R, (long long)n->C);
+                "%s.layout %s: expected a [%lld, %lld] matrix", name, dtl__tp_qtext(L, buf, sizeof buf), (long long)n->R, (long long)n->C);
   const int64_t *ls = L->local.shape, *lo = L->local.offset;
   int64_t need_shape[2] = {n->rows, n->cols}, need_off[2] = {n->row0, n->col0};
   bool inside = true;
@@ -74,13 +77,13 @@ static dtl_status dtl__tp_qsub_create(dtl_tp_context *ctx, const char *fn, const
   DTL_CHECK_ARG(inside, fn,
                 "%s.layout %s gives this rank (TP coordinate %d of %d) rows [%lld, %lld) x cols [%lld, %lld), which do "
                 "not hold the rows [%lld, %lld) x cols [%lld, %lld) it computes with (%s)",
-                name, text, ctx->rank, ctx->size, (long long)lo[0], (long long)(lo[0] + ls[0]), (long long)lo[1],
+                name, dtl__tp_qtext(L, buf, sizeof buf), ctx->rank, ctx->size, (long long)lo[0], (long long)(lo[0] + ls[0]), (long long)lo[1],
                 (long long)(lo[1] + ls[1]), (long long)n->row0, (long long)(n->row0 + n->rows), (long long)n->col0,
                 (long long)(n->col0 + n->cols), dtl__tp_qcut_hint(n));
   for (int d = 0; d < 2; d++) {
     int64_t u = L->g.unit[d], a = need_off[d], b = need_off[d] + need_shape[d];
     DTL_CHECK_ARG(need_shape[d] == 0 || u <= 1 || (a % u == 0 && (b % u == 0 || b == L->g.shape[d])), fn,
-                  "%s.layout %s: the %s [%lld, %lld) this rank computes with cut a packing unit of %lld (%s)", name, text,
+                  "%s.layout %s: the %s [%lld, %lld) this rank computes with cut a packing unit of %lld (%s)", name, dtl__tp_qtext(L, buf, sizeof buf),
                   d ? "cols" : "rows", (long long)a, (long long)b, (long long)u,
                   L->g.unit_name[d] ? L->g.unit_name[d] : "packing unit");
   }
@@ -138,14 +141,15 @@ dtl_status dtl__tp_proj_reserve(dtl_tp_context *ctx, const dtl__tp_proj *p, int6
   size_t tile = 0, act = 0;
   for (int i = 0; i < p->nq; i++) {
     const dtl__tp_qsub *q = p->q[i];
-    if (q->fp8) {
+    if (q->fp8) { /* and the tile too, for a shape cuBLASLt turns down at the call */
       size_t a = dtl__tp_qact_bytes(tokens, q->cols);
       if (a > act) act = a;
-      continue;
     }
-    size_t e = (size_t)dtl__gemm_tiling_elems(dtl__gemm_tiling_for(mem, q->rows, q->cols));
-    /* A device tile of a half type is staged in f32 first (qproj.h). */
-    size_t b = e * (ctx->elem + (mem == DTL_MEMORY_DEVICE && ctx->dtype != DTL_FLOAT32 ? sizeof(float) : 0));
+    int64_t e = dtl__gemm_tiling_elems(dtl__gemm_tiling_for(mem, q->rows, q->cols));
+    /* A device tile of a half type is staged in f32 after it (qproj.h). */
+    size_t b = mem == DTL_MEMORY_DEVICE && ctx->dtype != DTL_FLOAT32
+                   ? dtl__tp_qtile_stage_offset(e, ctx->elem) + (size_t)e * sizeof(float)
+                   : (size_t)e * ctx->elem;
     if (b > tile) tile = b;
   }
   void *unused;
@@ -178,8 +182,11 @@ dtl_status dtl__tp_qproj_apply(dtl_tp_context *ctx, const dtl__tp_proj *p, float
     void *yq = (char *)y + (size_t)q->row0 * ctx->elem;
 #if DTL_HAVE_NCCL
     if (q->fp8) {
-      DTL_TRY(dtl__tp_qsub_fp8_apply(ctx, q, beta, tokens, x, ldx, yq, ldy, act));
-      continue;
+      dtl_status st = dtl__tp_qsub_fp8_apply(ctx, q, beta, tokens, x, ldx, yq, ldy, act);
+      if (st != DTL_ERR_UNSUPPORTED) { /* unsupported: this call's shape or alignment; the tiles take it */
+        DTL_TRY(st);
+        continue;
+      }
     }
 #else
     (void)act;

@@ -11,12 +11,14 @@ struct dtl__tp_qsub {
   int64_t row0, rows, cols; /* output columns [row0, row0 + rows) of the projection, from cols inputs */
   dtl__qshard_own *own;     /* this rank's box of the sub-weight: rows x cols, local rows and cols from 0 */
   bool fp8;                 /* FP8 x FP8 on cuBLASLt (DTL_TP_FP8_GEMM taken) */
-  void *lt;                 /* its cuBLASLt handle (fp8 only) */
+  struct dtl__gemm_fp8 *lt; /* its cuBLASLt state (fp8 only) */
+  float *w_scale;           /* fp8: the weight's per-tensor scale as one device f32 */
 };
 
 #if DTL_HAVE_NCCL
 /* Fills a device tile of the context's dtype: rows [r0, r0 + nr) x cols [c0, c0 + nc) of q dequantized by the
- * device kernel (into f32; half types then rounded once into tile, through f32 staging right after the tile). */
+ * device kernel (into f32; half types then rounded once into tile, through f32 staging that follows the tile's
+ * dtl__tp_qtile_stage_offset bytes in DTL__TP_WS_QTILE). */
 dtl_status dtl__tp_qtile_cuda(dtl_tp_context *ctx, const dtl__tp_qsub *q, int64_t r0, int64_t nr, int64_t c0,
                               int64_t nc, void *tile, int64_t ldt);
 /* Whether q can take the FP8 GEMM on ctx's device (compute capability >= 8.9, FP8_TENSOR e4m3 codes, shapes the
@@ -28,7 +30,19 @@ void dtl__tp_qsub_fp8_fini(dtl__tp_qsub *q);
 dtl_status dtl__tp_qsub_fp8_apply(dtl_tp_context *ctx, const dtl__tp_qsub *q, float beta, int64_t T, const void *x,
                                   int64_t ldx, void *y, int64_t ldy, void *act);
 #endif
-/* The DTL__TP_WS_QACT bytes an FP8 sub-weight of cols inputs takes for T tokens. */
+/* The DTL__TP_WS_QACT bytes an FP8 sub-weight of cols inputs takes for T tokens: e4m3 codes [T, cols] with rows
+ * padded to 16 bytes (cuBLASLt's alignment), then f32 {amax, scale} 16-byte aligned. */
 size_t dtl__tp_qact_bytes(int64_t T, int64_t cols);
+int64_t dtl__tp_qact_ld(int64_t cols);
+/* Where a device tile's f32 staging starts in DTL__TP_WS_QTILE: after a tile of elems elements of elem bytes. */
+static inline size_t dtl__tp_qtile_stage_offset(int64_t elems, size_t elem) { return ((size_t)elems * elem + 15) / 16 * 16; }
+/* A cast of f32 src [rows, cols] (leading dim lds) into dst of dtype t (leading dim ldd), on stream (qproj.cu). */
+#if DTL_HAVE_NCCL
+#ifdef __cplusplus
+extern "C"
+#endif
+dtl_status dtl__tp_cast_f32_cuda(const float *src, int64_t rows, int64_t cols, int64_t lds, void *dst, int64_t ldd,
+                                 dtl_dtype t, void *stream);
+#endif
 
 #endif

@@ -17,6 +17,7 @@
  * 25, 25, 25, 22). Bad input: a wrong cut, shape or mesh, a NULL part, a NaN scale on one rank, dense weights
  * besides quantized ones, FP8_GEMM without quantized weights. */
 #include "tp_env.h"
+#include "common/alloc.h"
 #include "dt_qweights.h"
 
 static t_env E;
@@ -416,6 +417,61 @@ static void bad_quantized_weights_fail_every_rank_and_create_nothing(void) {
   dt_qweight_free(&w), dt_qweight_free(&wrow), dt_qweight_free(&wbig);
 }
 
+/* Forwards take their tile from the context's grow-only scratch: none allocates after the first. A creation that
+ * runs out of memory at any of its allocations fails on every rank and leaves nothing allocated. */
+static void quantized_forwards_allocate_nothing_and_out_of_memory_leaks_nothing(void) {
+  dtl_quant_format f = fmt_group(DTL_QUANT_GPTQ, 32, 0);
+  int64_t H = 64, F = 128, T = 5;
+  dt_qweight g, u, d;
+  if (!make(&g, &f, F, H, dtl_shard(0), 700) || !make(&u, &f, F, H, dtl_shard(0), 701) ||
+      !make(&d, &f, H, F, dtl_shard(1), 702))
+    return;
+  float *b = t_reals(seed(71), F, 0.5f);
+  dtl_tp_mlp_params mp = {.mask = DTL_TP_QUANT_WEIGHTS, .activation = DTL_TP_ACT_SILU_GATED, .hidden = H, .ffn = F,
+                          .qgate = &g.q, .qup = &u.q, .qdown = &d.q};
+  dtl_tp_linear_params lp = {.mask = DTL_TP_QUANT_WEIGHTS, .kind = DTL_TP_COLUMN, .in_features = H, .out_features = F,
+                             .bias = b, .qweight = &u.q};
+  dtl_tp_mlp *m = NULL;
+  dtl_tp_linear *l = NULL;
+  int64_t live = dtl__alloc_hook_live();
+  dtl__alloc_hook_reset(0, false);
+  CHECK_OK(dtl_tp_mlp_create(E.ctx, &mp, &m));
+  uint64_t n = dtl__alloc_hook_count();
+  dtl_tp_mlp_destroy(m);
+  m = NULL;
+  for (uint64_t k = 1; k <= n; k++) {
+    dtl__alloc_hook_reset(k, false);
+    dtl_status st = dtl_tp_mlp_create(E.ctx, &mp, &m);
+    dtl__alloc_hook_reset(0, false);
+    CHECK(st != DTL_OK && m == NULL, "allocation %llu of %llu failing: %s", (unsigned long long)k,
+          (unsigned long long)n, dtl_status_name(st));
+    CHECK(dtl__alloc_hook_live() == live, "allocation %llu failing leaves %lld buffers", (unsigned long long)k,
+          (long long)(dtl__alloc_hook_live() - live));
+    dtl_tp_mlp_destroy(m);
+    m = NULL;
+  }
+  CHECK_OK(dtl_tp_mlp_create(E.ctx, &mp, &m));
+  CHECK_OK(dtl_tp_linear_create(E.ctx, &lp, &l));
+  dtl_layout *li = act(T, H, dtl_replicate());
+  float *x = t_reals(seed(72), T * H, 1.0f), *y = calloc((size_t)(T * F), sizeof(float));
+  if (m && l) {
+    CHECK_OK(dtl_tp_mlp_forward(m, li, x, y));
+    CHECK_OK(dtl_tp_linear_forward(l, li, x, y));
+    dtl__alloc_hook_reset(0, false);
+    for (int i = 0; i < 10; i++) {
+      CHECK_OK(dtl_tp_mlp_forward(m, li, x, y));
+      CHECK_OK(dtl_tp_linear_forward(l, li, x, y));
+    }
+    CHECK(dtl__alloc_hook_count() == 0, "%llu allocations in 20 warm forwards",
+          (unsigned long long)dtl__alloc_hook_count());
+  }
+  dtl_layout_destroy(li);
+  dtl_tp_mlp_destroy(m);
+  dtl_tp_linear_destroy(l);
+  dt_qweight_free(&g), dt_qweight_free(&u), dt_qweight_free(&d);
+  free(b), free(x), free(y);
+}
+
 int main(int argc, char **argv) {
   t_setup(&argc, &argv, &E);
   init_cases();
@@ -425,6 +481,7 @@ int main(int argc, char **argv) {
   RUN(mlp_on_quantized_weights_matches_dense_on_dequantized);
   RUN(attention_on_quantized_weights_matches_dense_on_dequantized);
   RUN(bad_quantized_weights_fail_every_rank_and_create_nothing);
+  RUN(quantized_forwards_allocate_nothing_and_out_of_memory_leaks_nothing);
   t_teardown(&E);
   return dt_finish();
 }

@@ -256,13 +256,17 @@ DTL_API void dtl_tp_qshard_destroy(dtl_tp_qshard *s);
  * dequantized one tile at a time into the context's scratch and multiplied by the whole token block before the
  * next tile overwrites it, so no dense weight is ever held. Host: tiles of at most 128 rows x 512 columns
  * (256 KiB of f32) by the f32 tile kernel, OpenBLAS GEMMs (f32 contexts). Device: tiles of at most 4 Mi
- * elements (whole weight rows) by the CUDA tile kernel in the context's dtype, cuBLAS GEMMs.
- * DTL_TP_FP8_GEMM: on a device of compute capability 8.9 or later, each FP8_TENSOR sub-weight with e4m3 codes
- * (and in, in_local a multiple of 16) multiplies in FP8 on cuBLASLt: the forward quantizes its input per call to
- * e4m3 with one scale, amax / 448 (1 for an all-zero input), and cuBLASLt computes codes(x) codes(W)^T in f32
- * times both scales. That result differs from the dense layer on dequantize(W) by the input's e4m3 rounding
- * (at most 2^-4 of each element, relative), which is why it is asked for and not automatic; every other
- * sub-weight, device or host context, runs the tiled path as without the flag. */
+ * elements (whole weight rows) by the CUDA tile kernel (f32, then rounded once to a half context's dtype), cuBLAS
+ * GEMMs; the tile (and its f32 staging) lives in the context's grow-only scratch, so a warm forward allocates
+ * nothing. A device context checks the scales at creation through a host copy of the rank's box.
+ * DTL_TP_FP8_GEMM: on a device of compute capability 8.9 or later (a CUDA of 11.8 or later), each FP8_TENSOR
+ * sub-weight with e4m3 codes whose box on this rank has a multiple of 16 rows and of 16 columns multiplies in FP8
+ * on cuBLASLt: the forward quantizes its input per call to e4m3 with one scale, amax / 448 (1 for an all-zero
+ * input), and cuBLASLt computes codes(x) codes(W)^T with f32 accumulation times both scales. That result differs
+ * from the dense layer on dequantize(W) by the input's e4m3 rounding (each element within 2^-4 relative, or the
+ * scale times 2^-10 absolute), which is why it is asked for and not automatic. Every other sub-weight, a call
+ * whose output cuBLASLt cannot take (16-byte alignment of y's columns and leading dim), and a host context run the
+ * tiled path as without the flag. */
 
 /* ---------------------------------------------------------------------------------------------------- */
 /* Communication halves: exactly the collective of each layer, on caller buffers [tokens, features].   */

@@ -1,8 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Forward time of the column-parallel linear layer on quantized weights (DTL_TP_QUANT_WEIGHTS: each weight tile
  * dequantized into the context's scratch, then the f32 GEMM) against the same layer on the dense f32 weights of the
- * same shape (the dequantized ones), on the host. ratio = quantized / dense; the issue's target is <= 1.3. #wrong
- * counts outputs that differ from the dense layer's by more than 1e-4 x (1 + max |dense|).
+ * same shape (the dequantized ones), on the host. ratio = quantized / dense, of the wall time and of the calling
+ * thread's CPU time (with one OpenBLAS thread that is all the work, and a loaded machine does not inflate it); the
+ * issue's target is <= 1.3. #wrong counts outputs that differ from the dense layer's by more than 1e-4 x (1 + max
+ * |dense|).
  * Sizes in the nccl-tests manner: -b/-e/-f the range of out = in (K suffixes accepted), -t the token counts, -n/-w
  * timed and warm-up iterations, -q the formats (fp8-block, fp8-channel, fp8-tensor, gptq, awq, q8_0, q4_0). The
  * weights are quantized (dtl_quant_quantize) from uniform reals on the layer's own cut (every block whole there:
@@ -12,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <cblas.h>
 #include <dtl.h>
 #include <dtl/mpi.h>
@@ -24,19 +27,35 @@ typedef struct {
   float *y;
 } run_arg;
 
-static double timed(MPI_Comm comm, int warmup, int iters, run_arg *a) {
-  for (int i = 0; i < warmup; i++) BENCH_TRY(dtl_tp_linear_forward(a->l, a->in, a->x, a->y));
-  double *t = malloc(sizeof(double) * (size_t)iters);
-  for (int i = 0; i < iters; i++) {
-    MPI_Barrier(comm);
-    double t0 = MPI_Wtime();
+static double clock_s(clockid_t id) {
+  struct timespec ts;
+  clock_gettime(id, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Median wall and thread-CPU seconds per call of each of the two layers, their calls alternating so that both see
+ * the same load (the CPU time of the calling thread is what a loaded machine does not inflate: one OpenBLAS thread). */
+static void timed2(MPI_Comm comm, int warmup, int iters, run_arg *a, run_arg *b, double *wall, double *cpu) {
+  for (int i = 0; i < warmup; i++) {
     BENCH_TRY(dtl_tp_linear_forward(a->l, a->in, a->x, a->y));
-    double dt = MPI_Wtime() - t0;
-    MPI_Allreduce(&dt, &t[i], 1, MPI_DOUBLE, MPI_MAX, comm);
+    BENCH_TRY(dtl_tp_linear_forward(b->l, b->in, b->x, b->y));
   }
-  double m = bench_median(t, iters);
+  double *t = malloc(sizeof(double) * (size_t)(4 * iters));
+  run_arg *ab[2] = {a, b};
+  for (int i = 0; i < iters; i++)
+    for (int k = 0; k < 2; k++) {
+      MPI_Barrier(comm);
+      double w0 = MPI_Wtime(), c0 = clock_s(CLOCK_THREAD_CPUTIME_ID);
+      BENCH_TRY(dtl_tp_linear_forward(ab[k]->l, ab[k]->in, ab[k]->x, ab[k]->y));
+      double dw = MPI_Wtime() - w0, dc = clock_s(CLOCK_THREAD_CPUTIME_ID) - c0;
+      MPI_Allreduce(&dw, &t[(2 * k) * iters + i], 1, MPI_DOUBLE, MPI_MAX, comm);
+      MPI_Allreduce(&dc, &t[(2 * k + 1) * iters + i], 1, MPI_DOUBLE, MPI_MAX, comm);
+    }
+  for (int k = 0; k < 2; k++) {
+    wall[k] = bench_median(t + (2 * k) * iters, iters);
+    cpu[k] = bench_median(t + (2 * k + 1) * iters, iters);
+  }
   free(t);
-  return m;
 }
 
 int main(int argc, char **argv) {
@@ -83,8 +102,10 @@ int main(int argc, char **argv) {
     printf("# dtl_qlinear_perf: column-parallel linear, tp=%d, f32 host, OpenBLAS threads per rank: %s, iters %d "
            "(median), warmup %d\n", np, getenv("OPENBLAS_NUM_THREADS") ? getenv("OPENBLAS_NUM_THREADS") : "1", iters,
            warmup);
-    printf("%-11s %6s %6s %6s %11s %11s %6s %6s\n", "format", "tokens", "out", "in", "dense(us)", "quant(us)", "ratio",
-           "#wrong");
+    printf("# wall and thread CPU time per forward (ms, medians, dense and quantized calls alternating); ratio = "
+           "quantized / dense\n");
+    printf("%-11s %6s %6s %6s %10s %10s %6s %10s %10s %6s %6s\n", "format", "tokens", "out", "in", "dense", "quant",
+           "ratio", "dense cpu", "quant cpu", "ratio", "#wrong");
   }
   for (long long n = lo; n <= hi; n = mul > 1 ? n * mul : hi + 1)
     for (int qi = 0; qi < nq; qi++)
@@ -117,15 +138,17 @@ int main(int argc, char **argv) {
         aq.x = ad.x = x;
         aq.y = malloc(sizeof(float) * (size_t)(T * box.shape[0]) + 4);
         ad.y = malloc(sizeof(float) * (size_t)(T * box.shape[0]) + 4);
-        double td = timed(MPI_COMM_WORLD, warmup, iters, &ad), tq = timed(MPI_COMM_WORLD, warmup, iters, &aq);
+        double wall[2], cpu[2];
+        timed2(MPI_COMM_WORLD, warmup, iters, &ad, &aq, wall, cpu);
         double mx = 0;
         long wrong = 0, all;
         for (int64_t i = 0; i < T * box.shape[0]; i++) mx = fmax(mx, fabs(ad.y[i]));
         for (int64_t i = 0; i < T * box.shape[0]; i++) wrong += !(fabs(aq.y[i] - ad.y[i]) <= 1e-4 * (1 + mx));
         MPI_Allreduce(&wrong, &all, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
         if (rank == 0)
-          printf("%-11s %6lld %6lld %6lld %11.1f %11.1f %6.2f %6ld\n", dtl_quant_kind_name(kinds[qi]), (long long)T,
-                 (long long)out, (long long)in, td * 1e6, tq * 1e6, tq / td, all);
+          printf("%-11s %6lld %6lld %6lld %10.1f %10.1f %6.2f %10.1f %10.1f %6.2f %6ld\n", dtl_quant_kind_name(kinds[qi]),
+                 (long long)T, (long long)out, (long long)in, wall[0] * 1e3, wall[1] * 1e3, wall[1] / wall[0],
+                 cpu[0] * 1e3, cpu[1] * 1e3, cpu[1] / cpu[0], all);
         dtl_tp_linear_destroy(aq.l);
         dtl_tp_linear_destroy(ad.l);
         dtl_layout_destroy(aq.in);

@@ -114,6 +114,7 @@ bench: build
 	for np in 2 4; do $(MPIRUN) -n $$np $(BUILD)/bench/dtl_coll_perf -b 1K -e 64M -f 4 || exit 1; done
 	for np in 2 4; do $(MPIRUN) -n $$np $(BUILD)/bench/dtl_redistribute_perf -b 1K -e 64M -f 4 || exit 1; done
 	$(MPIRUN) -n 4 $(BUILD)/bench/dtl_exchange_perf -b 1M -e 64M -f 4
+	$(MPIRUN) -n 4 $(BUILD)/bench/dtl_qredistribute_perf
 	$(BUILD)/bench/dtl_plan_perf
 	for np in 1 2; do $(MPIRUN) -n $$np $(BUILD)/bench/dtl_tp_perf || exit 1; done
 	for np in 2 4; do $(MPIRUN) -n $$np $(BUILD)/bench/dtl_moe_perf -b 64 -e 2K -f 2 || exit 1; done

@@ -8,7 +8,7 @@
  *
  * Reading is local: every rank opens the file itself (a shared or replicated filesystem is assumed) and reads
  * only the bytes of its own shard with positioned reads, never the whole tensor; no call here communicates.
- * A rank's peak memory while reading is its shard plus bounded staging (at most 8 MiB: a 4 MiB window that
+ * A rank's peak memory while reading is its shard plus bounded staging (at most 5 MiB: a 1 MiB window that
  * gathers short strided runs with one read, and, on a device, a 4 MiB host buffer on the way to the GPU).
  *
  * The file is untrusted input. dtl_safetensors_open validates the whole header before it returns a handle,
@@ -97,7 +97,7 @@ DTL_API dtl_status dtl_safetensors_read_box(const dtl_safetensors *f, const char
  * give (naming the tensor, the part, the dim and the numbers: "dim 1 is 3, expected ceil(500 / 128) = 4 (blocks of the
  * tensor's dim 1)"), a name for a part the format lacks, the file truncated since it was opened; only an I/O error while
  * the boxes are read may leave local partly written, as for dtl_safetensors_read. Peak memory: local plus the
- * dense reader's bound. GGUF kinds are not stored in safetensors files (DTL_ERR_UNSUPPORTED from the _hf form).
+ * dense reader's bound. GGUF kinds are not stored in safetensors files: DTL_ERR_UNSUPPORTED.
  * Purely local, like every read here. */
 DTL_API dtl_status dtl_safetensors_qread(const dtl_safetensors *f, const char *const *names, const dtl_qlayout *layout,
                                          dtl_qbuf *local);

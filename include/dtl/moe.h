@@ -9,6 +9,9 @@
  *   dtl_moe_experts_run(L, expert_in, expert_out, dtl_moe_mlp_forward, &mlp);    local
  *   dtl_moe_layout_combine(L, expert_out, y);                                    collective
  *
+ * With DTL_MOE_LAYOUT_FP8_DISPATCH the dispatch moves FP8 codes plus per-token-per-128 scales (DeepEP's format)
+ * instead of dtype rows, and combine stays in dtype (FP8 dispatch, below).
+ *
  * Memory. Routing (ids, weights, logits) and every count are host arrays. Token rows (x, expert_in,
  * expert_out, y) live in the communicator's memory: host for MPI, CUDA device memory for NCCL; dtl moves
  * them with the transport's own copies and collectives. The integer counts are exchanged on the host: with
@@ -97,13 +100,14 @@ typedef enum {
 } dtl_moe_exchange;
 #define DTL_MOE_SINGLE_EXCHANGE_BYTES (64 * 1024)
 
-/* Field-presence bits of mask, as for the router; flags: none defined yet (0). */
+/* Field-presence bits of mask, as for the router; flags: DTL_MOE_LAYOUT_FP8_DISPATCH (FP8 dispatch, below). */
 #define DTL_MOE_LAYOUT_CAPACITY_FACTOR DTL_BIT(0) /* capacity_factor; default: dropless */
 #define DTL_MOE_LAYOUT_DROP_POLICY DTL_BIT(1)     /* drop_policy; default DTL_MOE_DROP_POSITION */
 #define DTL_MOE_LAYOUT_PAD_MULTIPLE DTL_BIT(2)    /* pad_multiple; default 1 (no padding) */
 #define DTL_MOE_LAYOUT_EXCHANGE DTL_BIT(3)        /* exchange; default DTL_MOE_EXCHANGE_AUTO */
 #define DTL_MOE_LAYOUT_VERIFY DTL_BIT(4)          /* verify; default 1 */
 #define DTL_MOE_LAYOUT_COUNT_COMM DTL_BIT(5)      /* count_comm; default: c (required when c is on device) */
+#define DTL_MOE_LAYOUT_FP8_DISPATCH DTL_BIT(6)    /* flags: dispatch moves FP8 codes + scales, not dtype rows */
 typedef struct {
   uint64_t mask;
   uint64_t flags;
@@ -144,9 +148,9 @@ typedef struct {
  * k > experts, a NaN, infinite or negative weight, capacity_factor <= 0, out=NULL, no memory, ...) every rank
  * returns an error: that rank its own message naming the value, the others the same status naming the
  * rank. If ranks disagree on what must be common (experts, placement table, k, hidden, dtype, capacity
- * factor, policy, padding, exchange, verify), every rank returns DTL_ERR_MISMATCH naming the argument: the
- * counts one rank would send would then differ from what its peers expect. The agreement runs on c when it
- * is a host communicator, on count_comm when c is a device one (no device round trip). Checked on the
+ * factor, policy, padding, exchange, verify, FP8 dispatch), every rank returns DTL_ERR_MISMATCH naming the
+ * argument: the counts one rank would send would then differ from what its peers expect. The agreement runs
+ * on c when it is a host communicator, on count_comm when c is a device one (no device round trip). Checked on the
  * calling rank alone, since they leave no channel to the peers: c NULL or aborted, and for a device c a
  * count_comm that is missing, NULL, a device communicator, aborted or over other ranks. Not detectable:
  * ranks that do not call at all (a hang, as for any collective). */
@@ -174,10 +178,34 @@ DTL_API dtl_status dtl_moe_layout_expert_counts(const dtl_moe_layout *L, int64_t
 DTL_API dtl_status dtl_moe_layout_token_counts(const dtl_moe_layout *L, int64_t *kept, int64_t *dropped);
 
 /* Collective. x [tokens, hidden] -> expert_in [expert_rows, hidden], both in the communicator's memory, in
- * the dispatch order above. x is not modified. Callable any number of times with the same layout; one
- * layout serves one dispatch or combine at a time (they share its staging). On a device communicator the
- * work is enqueued on its stream. */
+ * the dispatch order above (on an FP8 layout, the rows dequantized from FP8: see FP8 dispatch). x is not
+ * modified. Callable any number of times with the same layout; one layout serves one dispatch or combine at a
+ * time (they share its staging). On a device communicator the work is enqueued on its stream. */
 DTL_API dtl_status dtl_moe_layout_dispatch(dtl_moe_layout *L, const void *x, void *expert_in);
+/* FP8 dispatch, DeepEP's format (a layout made with DTL_MOE_LAYOUT_FP8_DISPATCH in params.flags, of dtype f32, f16
+ * or bf16: any other dtype is DTL_ERR_INVALID_ARGUMENT at creation). Each token row travels as hidden e4m3 codes
+ * (DTL_FLOAT8_E4M3) and one f32 scale per 128 columns (ceil(hidden / 128) of them, the last block of a row shorter
+ * when 128 does not divide hidden), per block of a row:
+ *   amax = max(max |x|, 1e-4);  code = e4m3(x * (448 / amax));  scale = amax * (1 / 448);  value = code * scale
+ * every step an f32 operation rounded to nearest even, codes saturating at +-448 (an all-zero block: zero codes,
+ * scale 1e-4 / 448). A row is quantized once on its own rank however many experts it goes to, and the one
+ * all-to-all-v of a plain dispatch moves its codes and scales together: hidden + 4 ceil(hidden / 128) bytes a row
+ * (plus up to 3 bytes that align the scales), 0.52x of a bf16 row at hidden 4096. Combine does not change: it moves
+ * dtype rows. DTL_MOE_EXCHANGE_AUTO decides on the dtype rows' bytes, so an FP8 layout travels like the plain
+ * layout of its routing. On such a layout dtl_moe_layout_dispatch writes dtype rows, code * scale rounded once to
+ * dtype, into expert_in: bit for bit what a plain layout's dispatch of dequantize(quantize(x)) writes, so
+ * dtl_moe_experts_run and combine work as before; dtl_moe_layout_dispatch_fp8 hands the codes and scales
+ * themselves to an FP8 GEMM. Host
+ * memory: a NaN or infinite element of x is DTL_ERR_INVALID_ARGUMENT naming its token row and column, nothing is
+ * written, and with verify every rank fails (as for any bad argument). Device memory: x is not checked (that would
+ * wait for the stream); a NaN element dequantizes to NaN, an infinity makes its whole 128-column block NaN. */
+
+/* Collective, on a layout made with DTL_MOE_LAYOUT_FP8_DISPATCH (else DTL_ERR_INVALID_ARGUMENT): x [tokens, hidden]
+ * of the layout's dtype -> expert_codes [expert_rows, hidden] (e4m3 codes, one byte each) and expert_scales
+ * [expert_rows, ceil(hidden / 128)] (f32), both row-major in the communicator's memory, rows in the dispatch order
+ * above; padding rows get zero codes and zero scales. Otherwise as dtl_moe_layout_dispatch. */
+DTL_API dtl_status dtl_moe_layout_dispatch_fp8(dtl_moe_layout *L, const void *x, void *expert_codes,
+                                               void *expert_scales);
 /* Collective. expert_out [expert_rows, hidden] (rows in dispatch order) -> y [tokens, hidden]:
  * y[t] = sum over slots s = 0..k-1 of weights[t, s] * (the expert's output row for (t, s)), summed in slot
  * order whatever the arrival order, so the result is the same on every run; masked and dropped slots add

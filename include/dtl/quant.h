@@ -148,6 +148,8 @@ DTL_API dtl_status dtl_qplan_create(const dtl_qlayout *src, const dtl_qlayout *d
 DTL_API dtl_status dtl_qplan_execute(const dtl_qplan *p, const dtl_qbuf *src_local, dtl_qbuf *dst_local);
 DTL_API dtl_status dtl_qplan_explain(const dtl_qplan *p, char *buf, size_t cap);
 DTL_API size_t dtl_qplan_explain_needed(const dtl_qplan *p);
+/* The sum of the parts' plan costs: the parts run at once but share every rank's links, so their bytes add (their
+ * latencies may overlap, which makes the sum an upper bound where latency dominates). Bytes: the parts' sums. */
 DTL_API double dtl_qplan_cost(const dtl_qplan *p);
 DTL_API dtl_status dtl_qplan_bytes(const dtl_qplan *p, uint64_t *sent, uint64_t *received);
 DTL_API void dtl_qplan_destroy(dtl_qplan *p);

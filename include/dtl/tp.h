@@ -70,6 +70,7 @@ typedef struct dtl_tp_context dtl_tp_context;
  * instead of the dense tensor; so a rank never holds a dense weight. */
 #define DTL_TP_SHARDED_WEIGHTS DTL_BIT(4)
 #define DTL_TP_ROPE DTL_BIT(5) /* mask, attention: rope_theta is read: rotary position embedding on q and k */
+#define DTL_TP_FP8_GATHER DTL_BIT(6) /* flags, options: sequence-parallel gathers move FP8 (below) */
 /* mask, linear/MLP/attention: the layer's weights are quantized (dtl_tp_qweight, "Layers on quantized weights"
  * below): its q* fields are read, and its dense weight pointers must be NULL (biases stay dense). */
 #define DTL_TP_QUANT_WEIGHTS DTL_BIT(7)
@@ -78,9 +79,22 @@ typedef struct dtl_tp_context dtl_tp_context;
 
 typedef struct {
   uint64_t mask;   /* DTL_TP_OPT_DTYPE */
-  uint64_t flags;  /* none defined yet: 0 */
+  uint64_t flags;  /* DTL_TP_FP8_GATHER */
   dtl_dtype dtype; /* element type of weights and activations: f32 on the host; f32/f16/bf16 on a device */
 } dtl_tp_options;
+
+/* FP8 sequence-parallel gathers (DTL_TP_FP8_GATHER in opt.flags). Every token all-gather of the context, that is
+ * dtl_tp_sequence_gather and the S(0) input gather of each layer and block made with DTL_TP_SEQUENCE_PARALLEL,
+ * quantizes this rank's token rows to e4m3 codes plus one f32 scale per 128 features, by the rule of FP8 dispatch
+ * in <dtl/moe.h> (DeepEP's: per block amax = max(max |x|, 1e-4), code = e4m3(x * (448 / amax)), scale = amax / 448),
+ * all-gathers codes and scales in one all-gather-v (features + 4 ceil(features / 128) bytes a row, plus up to 3
+ * bytes that align the scales: 0.52x of a bf16 row, 0.26x of an f32 one at 4096 features), and dequantizes every
+ * row, its own included, into the context's dtype (code * scale in f32, rounded once). The gathered tensor is then
+ * dequantize(quantize(x)) of the dense one, bit for bit and the same on every rank; the rest of a layer (GEMMs,
+ * the reduce-scatter out) is unchanged. On the host a NaN or infinite element of x is DTL_ERR_INVALID_ARGUMENT
+ * naming its global token row and column, found before any collective, with nothing written (every rank fails
+ * under DTL_CHECK, as for any per-call argument). On a device it is not checked (that would wait for the
+ * stream): a NaN element gathers as NaN, an infinity makes its whole 128-feature block NaN. */
 
 /* mesh must have communicators (not abstract); tp_dim in 0..ndim-1; opt may be NULL. The context keeps a
  * reference to mesh: destroy the context (and its layers) before the mesh. When tp_dim crosses nodes
@@ -283,7 +297,8 @@ DTL_API dtl_status dtl_tp_row_parallel_reduce(dtl_tp_context *ctx, const dtl_lay
  * whole [T, F] (R). One all-gather plus one local interleave. */
 DTL_API dtl_status dtl_tp_column_parallel_gather(dtl_tp_context *ctx, const dtl_layout *in_layout, const void *y_local,
                                                  void *y);
-/* Sequence-parallel gather: in_layout is [T, F] S(0); x_local holds this rank's token rows; x gets [T, F] (R). */
+/* Sequence-parallel gather: in_layout is [T, F] S(0); x_local holds this rank's token rows; x gets [T, F] (R)
+ * (with DTL_TP_FP8_GATHER, dequantize(quantize(x)) of it: FP8 sequence-parallel gathers above). */
 DTL_API dtl_status dtl_tp_sequence_gather(dtl_tp_context *ctx, const dtl_layout *in_layout, const void *x_local,
                                           void *x);
 

@@ -338,6 +338,10 @@ dtl_status dtl__st_qnames_hf(const dtl_safetensors *f, const char *fn, const dtl
 static dtl_status dtl__st_qread(const dtl_safetensors *f, const char *fn, const char *const *names,
                                 const dtl_qlayout *layout, dtl_qbuf *local) {
   const dtl__qgeom *g = &layout->g;
+  /* GGUF blocks carry their scales inside the codes, which the scale check would not see; they are .gguf's. */
+  if (g->fmt.kind >= DTL_QUANT_GGUF_Q8_0)
+    return dtl__error_fn(DTL_ERR_UNSUPPORTED, fn, "layout format %s: GGUF tensors are stored in .gguf files, not safetensors",
+                         dtl_quant_kind_name(g->fmt.kind));
   DTL_CHECK_ARG(local != NULL, fn, "local=NULL");
   for (int p = 0; p < DTL_QUANT_NUM_PARTS; p++)
     DTL_CHECK_ARG(g->part[p].ndim < 0 || local->part[p] != NULL || layout->local.part[p].bytes == 0, fn,
@@ -350,7 +354,7 @@ static dtl_status dtl__st_qread(const dtl_safetensors *f, const char *fn, const 
   dtl_comm *dev = c && c->mem.ops->memory == DTL_MEMORY_DEVICE ? c : NULL;
   dtl__st_need need = {false, 0};
   dtl__st_qsrc_need(f, &s, dev != NULL, &need);
-  dtl__st_scratch sc;
+  dtl__st_scratch sc = {NULL, NULL, 0};
   DTL_TRY(dtl__st_scratch_get(f, fn, &need, &sc));
   dtl_status st = dtl__st_qsrc_read(f, fn, &s, dev, local->part, NULL, &sc);
   dtl__st_scratch_put(&sc);

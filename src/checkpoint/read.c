@@ -2,7 +2,7 @@
 /* Reading a box of a tensor from an open safetensors file: the box becomes runs that are contiguous in the
  * file (dims it spans whole merge into one run), each read with pread straight into the destination; short
  * runs close together are gathered by one read into a bounded window, and device destinations go through a
- * bounded host staging buffer. Peak memory: the destination plus at most two windows. */
+ * bounded host staging buffer. Peak memory: the destination plus the gathering span and the staging. */
 #define _GNU_SOURCE
 #include <string.h>
 #include <sys/stat.h>
@@ -12,9 +12,17 @@
 /* Runs shorter than a page, separated by gaps of at most 16 KiB, are gathered into one read of the window:
  * one system call instead of many, for the gaps read in vain. Longer runs are read one by one straight into
  * the destination: from the page cache, a gathered read of 8 KiB runs measured up to twice as slow as one
- * pread per run (bench/dtl_load_perf, S(1)), as each byte of the gaps costs a copy. */
+ * pread per run (bench/dtl_load_perf, S(1)), as each byte of the gaps costs a copy. A gathered read spans at
+ * most 1 MiB of the file (or the file's window, which tests shrink): the window is touched whole when short runs
+ * fill it (FP8 codes' 2 KiB rows), so its size is a reader's peak memory beyond the shard, and one pread per MiB
+ * instead of per 4 MiB measured no slower (bench/dtl_load_perf, fp8-block S(1): 0.21-0.24 s vs 0.23-0.37 s at 2
+ * ranks). */
 #define DTL__ST_GATHER_RUN ((uint64_t)4 << 10)
 #define DTL__ST_GATHER_GAP ((uint64_t)16 << 10)
+#define DTL__ST_GATHER_SPAN ((size_t)1 << 20)
+static size_t dtl__st_span(const dtl_safetensors *f) {
+  return f->window < DTL__ST_GATHER_SPAN ? f->window : DTL__ST_GATHER_SPAN;
+}
 
 /* Where the bytes of a read go, in destination order: straight into host memory, or through host staging
  * into the device memory of a communicator. */
@@ -113,7 +121,7 @@ static uint64_t dtl__st_box_runs(const dtl_safetensors *f, const dtl__st_tensor 
   r->k = k;
   *nruns = total ? total / run : 0;
   *run_bytes = (size_t)(run * r->es);
-  *gather = *nruns > 1 && *run_bytes < DTL__ST_GATHER_RUN && *run_bytes * 2 <= f->window;
+  *gather = *nruns > 1 && *run_bytes < DTL__ST_GATHER_RUN && *run_bytes * 2 <= dtl__st_span(f);
   return total;
 }
 
@@ -139,7 +147,7 @@ dtl_status dtl__st_scratch_get(const dtl_safetensors *f, const char *fn, const d
     s.stage_cap = need->stage;
   }
   if (need->window) {
-    s.window = dtl__malloc(f->window);
+    s.window = dtl__malloc(dtl__st_span(f));
     if (!s.window) {
       dtl__free(s.stage);
       return dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory (%zu window bytes)", f->window);
@@ -181,7 +189,7 @@ dtl_status dtl__st_read_box_in(const dtl_safetensors *f, const char *fn, const d
     dtl__st_next(&r, next);
     for (; gather && j < nruns; j++, dtl__st_next(&r, next)) {
       uint64_t o = dtl__st_run_at(&r, next);
-      if (o - end > DTL__ST_GATHER_GAP || o + run_bytes - start > f->window) break;
+      if (o - end > DTL__ST_GATHER_GAP || o + run_bytes - start > dtl__st_span(f)) break;
       end = o + run_bytes;
     }
     if (j == i + 1) {
@@ -209,7 +217,7 @@ dtl_status dtl__st_read_box(const dtl_safetensors *f, const char *fn, const dtl_
   }
   /* The size check comes before the scratch, as it always did: a truncated file is reported as such. */
   DTL_TRY(dtl__st_check_size(f, fn, t));
-  dtl__st_scratch sc;
+  dtl__st_scratch sc = {NULL, NULL, 0};
   DTL_TRY(dtl__st_scratch_get(f, fn, &need, &sc));
   dtl_status st = dtl__st_read_box_in(f, fn, t, ndim, view, off, box, comm, dst, &sc);
   dtl__st_scratch_put(&sc);

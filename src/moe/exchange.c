@@ -17,13 +17,13 @@ static char *dtl__row(const void *base, int64_t row, size_t row_bytes) {
  * each rank's verdict on its own arguments and the layout id go through one agreement on the host count_comm,
  * so a bad argument or a stale layout on one rank fails every rank instead of leaving the others in an
  * all-to-all that never completes. Without either, a rank with bad arguments returns at once. */
-static dtl_status dtl__moe_agree(dtl_moe_layout *L, const char *fn, dtl_status local) {
+dtl_status dtl__moe_agree(dtl_moe_layout *L, const char *fn, dtl_status local) {
   if (!L->verify && !L->count_comm->check) return local;
   return dtl__agree(L->count_comm, fn, (uint64_t)L->id, local);
 }
 
-static dtl_status dtl__check_buffers(const char *fn, const dtl_moe_layout *L, const void *tokens_buf,
-                                     const char *tokens_name, const void *expert_buf, const char *expert_name) {
+dtl_status dtl__moe_check_buffers(const char *fn, const dtl_moe_layout *L, const void *tokens_buf,
+                                  const char *tokens_name, const void *expert_buf, const char *expert_name) {
   if (!tokens_buf && L->tokens > 0)
     return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "%s=NULL with %lld tokens", tokens_name, (long long)L->tokens);
   if (!expert_buf && L->expert_rows > 0)
@@ -34,13 +34,9 @@ static dtl_status dtl__check_buffers(const char *fn, const dtl_moe_layout *L, co
   return DTL_OK;
 }
 
-/* One set of row moves: the runs (host) or the device map dev (one gather launch), from src to destination
- * rows below split in lo and the others in hi; reverse runs them backwards (destination rows become sources). */
-static dtl_status dtl__moe_move(const dtl_moe_layout *L, const dtl__moe_run *runs, int64_t nruns,
-                                const dtl__moe_rowmap *dev, bool reverse, const void *src, void *lo, void *hi,
-                                int64_t split) {
+dtl_status dtl__moe_move(const dtl_moe_layout *L, size_t rb, const dtl__moe_run *runs, int64_t nruns,
+                         const dtl__moe_rowmap *dev, bool reverse, const void *src, void *lo, void *hi, int64_t split) {
   dtl_comm *c = L->comm;
-  const size_t rb = L->row_bytes;
   if (c->mem.ops->memory == DTL_MEMORY_DEVICE) {
 #if DTL_HAVE_NCCL
     dtl__moe_rowmap m = *dev;
@@ -65,7 +61,8 @@ static dtl_status dtl__moe_move(const dtl_moe_layout *L, const dtl__moe_run *run
 dtl_status dtl_moe_layout_dispatch(dtl_moe_layout *L, const void *x, void *expert_in) {
   static const char fn[] = "dtl_moe_layout_dispatch";
   DTL_CHECK_ARG(L != NULL, fn, "layout=NULL");
-  DTL_TRY(dtl__moe_agree(L, fn, dtl__check_buffers(fn, L, x, "x", expert_in, "expert_in")));
+  if (L->fp8) return dtl__moe_dispatch_fp8(L, fn, x, false, expert_in, NULL, NULL);
+  DTL_TRY(dtl__moe_agree(L, fn, dtl__moe_check_buffers(fn, L, x, "x", expert_in, "expert_in")));
   dtl_comm *c = L->comm;
   const size_t rb = L->row_bytes;
   /* Padding rows are zero (the device pack map zeroes them in its one launch). */
@@ -76,13 +73,13 @@ dtl_status dtl_moe_layout_dispatch(dtl_moe_layout *L, const void *x, void *exper
     }
   /* The pack writes straight into the final order: remote rows into the send staging, this rank's own
    * rows into their expert block (they never pass through the all-to-all). */
-  DTL_TRY(dtl__moe_move(L, L->pack, L->npack, &L->dev_pack, false, x, L->send_buf, expert_in, L->send_rows));
+  DTL_TRY(dtl__moe_move(L, rb, L->pack, L->npack, &L->dev_pack, false, x, L->send_buf, expert_in, L->send_rows));
   bool staged = L->exchange == DTL_MOE_EXCHANGE_SINGLE;
   void *region = staged ? L->recv_buf : expert_in;
   for (int i = 0; i < L->calls; i++)
     DTL_TRY(dtl__all_to_allv_agreed(c, dtl__row(L->send_buf, L->send_base[i], rb), L->send_counts + (size_t)i * L->size,
                             dtl__row(region, L->recv_base[i], rb), L->recv_counts + (size_t)i * L->size, L->dtype));
-  return dtl__moe_move(L, L->regroup, L->nregroup, &L->dev_regroup, false, L->recv_buf, NULL, expert_in, 0);
+  return dtl__moe_move(L, rb, L->regroup, L->nregroup, &L->dev_regroup, false, L->recv_buf, NULL, expert_in, 0);
 }
 
 /* out[h] = w[0] * in[0][h] + w[1] * in[1][h] + ... in slot order, products and sums rounded one at a time, in
@@ -164,7 +161,7 @@ static void dtl__combine_host(const dtl_moe_layout *L, const void *expert_out, v
 dtl_status dtl_moe_layout_combine(dtl_moe_layout *L, const void *expert_out, void *y) {
   static const char fn[] = "dtl_moe_layout_combine";
   DTL_CHECK_ARG(L != NULL, fn, "layout=NULL");
-  dtl_status local = dtl__check_buffers(fn, L, y, "y", expert_out, "expert_out");
+  dtl_status local = dtl__moe_check_buffers(fn, L, y, "y", expert_out, "expert_out");
   if (local == DTL_OK && (!dtl__dtype_is_float(L->dtype) || dtl__dtype_is_fp8(L->dtype)))
     local = dtl__error_fn(DTL_ERR_UNSUPPORTED, fn, "dtype=%s (combine's weighted sum needs f32, f64, f16 or bf16)",
                           dtl_dtype_name(L->dtype));
@@ -172,7 +169,7 @@ dtl_status dtl_moe_layout_combine(dtl_moe_layout *L, const void *expert_out, voi
   dtl_comm *c = L->comm;
   const size_t rb = L->row_bytes;
   bool staged = L->exchange == DTL_MOE_EXCHANGE_SINGLE;
-  DTL_TRY(dtl__moe_move(L, L->regroup, L->nregroup, &L->dev_regroup, true, expert_out, NULL, L->recv_buf, 0));
+  DTL_TRY(dtl__moe_move(L, rb, L->regroup, L->nregroup, &L->dev_regroup, true, expert_out, NULL, L->recv_buf, 0));
   const void *region = staged ? L->recv_buf : expert_out;
   for (int i = 0; i < L->calls; i++)
     DTL_TRY(dtl__all_to_allv_agreed(c, dtl__row(region, L->recv_base[i], rb), L->recv_counts + (size_t)i * L->size,

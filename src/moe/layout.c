@@ -7,14 +7,15 @@
 #include <string.h>
 #include "comm/agree.h"
 #include "moe/moe_internal.h"
+#include "quant/act_fp8.h"
 
 static const char fn[] = "dtl_moe_layout_create";
 
 /* The arguments every rank must pass alike, in the order of the agreement vector. */
-enum { F_PLACEMENT, F_K, F_HIDDEN, F_DTYPE, F_CAPACITY, F_POLICY, F_PAD, F_EXCHANGE, F_VERIFY, F_COUNT };
+enum { F_PLACEMENT, F_K, F_HIDDEN, F_DTYPE, F_CAPACITY, F_POLICY, F_PAD, F_EXCHANGE, F_VERIFY, F_FP8, F_COUNT };
 static const char *const dtl__field_name[F_COUNT] = {
     "experts or the expert->rank placement", "k", "hidden", "dtype", "capacity_factor", "drop_policy",
-    "pad_multiple", "exchange", "verify"};
+    "pad_multiple", "exchange", "verify", "DTL_MOE_LAYOUT_FP8_DISPATCH (params.flags)"};
 /* Values reduced with MAX beside the agreement: the largest remote send in bytes (the exchange choice) and
  * the layout id (the largest of every rank's nonce). */
 enum { X_BYTES, X_ID, X_COUNT };
@@ -29,6 +30,7 @@ typedef struct {
   int64_t pad;
   dtl_moe_exchange exchange;
   bool verify;
+  bool fp8;
   dtl_comm *count_comm;
 } dtl__moe_opts;
 
@@ -62,13 +64,15 @@ static dtl_status dtl__resolve_opts(const dtl_moe_layout_params *prm, dtl__moe_o
   o->pad = 1;
   o->exchange = DTL_MOE_EXCHANGE_AUTO;
   o->verify = true;
+  o->fp8 = false;
   if (!prm) return DTL_OK;
   uint64_t m = prm->mask;
   DTL_TRY(dtl__check_bits(fn, "params.mask", m,
                           DTL__BITS(DTL_MOE_LAYOUT_CAPACITY_FACTOR, DTL_MOE_LAYOUT_DROP_POLICY,
                                     DTL_MOE_LAYOUT_PAD_MULTIPLE, DTL_MOE_LAYOUT_EXCHANGE, DTL_MOE_LAYOUT_VERIFY,
                                     DTL_MOE_LAYOUT_COUNT_COMM)));
-  DTL_TRY(dtl__check_bits(fn, "params.flags", prm->flags, DTL__NO_BITS));
+  DTL_TRY(dtl__check_bits(fn, "params.flags", prm->flags, DTL__BITS(DTL_MOE_LAYOUT_FP8_DISPATCH)));
+  o->fp8 = (prm->flags & DTL_MOE_LAYOUT_FP8_DISPATCH) != 0;
   if (m & DTL_MOE_LAYOUT_CAPACITY_FACTOR) {
     double f = prm->capacity_factor;
     DTL_CHECK_ARG(f > 0 && f <= 1e9, fn, "params.capacity_factor=%g (expected finite and > 0)", f);
@@ -105,6 +109,9 @@ static dtl_status dtl__check_local(const dtl_comm *c, const dtl_moe_placement *p
   DTL_CHECK_ARG(tokens >= 0, fn, "tokens=%lld (expected >= 0)", (long long)tokens);
   DTL_CHECK_ARG(hidden >= 1, fn, "hidden=%lld (expected >= 1)", (long long)hidden);
   DTL_CHECK_ARG(dtl__dtype_valid(dtype), fn, "dtype=%d (expected 0..%d)", (int)dtype, DTL_NUM_DTYPES - 1);
+  DTL_CHECK_ARG(!o->fp8 || dtl__act_fp8_dtype_ok(dtype), fn,
+                "dtype=%s with DTL_MOE_LAYOUT_FP8_DISPATCH (FP8 dispatch quantizes f32, f16 or bf16 rows)",
+                dtl_dtype_name(dtype));
   size_t pairs, row_bytes, x_bytes;
   DTL_CHECK_ARG(dtl__mul_size((size_t)tokens, (size_t)k, &pairs) && pairs <= (size_t)INT64_MAX / 16, fn,
                 "tokens=%lld x k=%d overflows", (long long)tokens, k);
@@ -112,6 +119,10 @@ static dtl_status dtl__check_local(const dtl_comm *c, const dtl_moe_placement *p
                     dtl__mul_size(row_bytes, pairs, &x_bytes) && x_bytes <= (size_t)INT64_MAX,
                 fn, "tokens=%lld x k=%d x hidden=%lld %s elements overflow", (long long)tokens, k, (long long)hidden,
                 dtl_dtype_name(dtype));
+  size_t fp8_bytes;
+  DTL_CHECK_ARG(!o->fp8 || (dtl__mul_size(dtl__act_fp8_row_bytes(hidden), pairs, &fp8_bytes) &&
+                            fp8_bytes <= (size_t)INT64_MAX),
+                fn, "tokens=%lld x k=%d x hidden=%lld FP8 rows overflow", (long long)tokens, k, (long long)hidden);
   if (pairs > 0) {
     DTL_CHECK_ARG(ids != NULL, fn, "ids=NULL with %lld tokens", (long long)tokens);
     DTL_CHECK_ARG(weights != NULL, fn, "weights=NULL with %lld tokens", (long long)tokens);
@@ -126,6 +137,10 @@ void dtl_moe_layout_destroy(dtl_moe_layout *L) {
   dtl__free(L->expert_ws);
   if (L->send_buf) dtl__mem_free(&L->comm->mem, L->send_buf);
   if (L->recv_buf) dtl__mem_free(&L->comm->mem, L->recv_buf);
+  if (L->fp8_x) dtl__mem_free(&L->comm->mem, L->fp8_x);
+  if (L->fp8_in) dtl__mem_free(&L->comm->mem, L->fp8_in);
+  dtl__free(L->fp8_send_counts);
+  dtl__free(L->fp8_recv_counts);
   dtl__free(L->local_ids);
   dtl__free(L->kept);
   dtl__free(L->dropped);
@@ -160,6 +175,7 @@ static void dtl__agreement_fields(const dtl_moe_placement *p, int k, int64_t hid
   f[F_PAD] = o->pad;
   f[F_EXCHANGE] = o->exchange;
   f[F_VERIFY] = o->verify;
+  f[F_FP8] = o->fp8;
 }
 
 /* After the agreement found the ranks' fingerprints different (every rank then gets here, none having
@@ -292,6 +308,28 @@ static dtl_status dtl__build_maps(dtl_moe_layout *L, const dtl_moe_placement *p,
   return DTL_OK;
 }
 
+/* Bytes a row of the staging buffers holds: a dtype row (combine), or a packed FP8 row (FP8 dispatch). */
+static size_t dtl__stage_row_bytes(const dtl_moe_layout *L) {
+  return L->fp8_row_bytes > L->row_bytes ? L->fp8_row_bytes : L->row_bytes;
+}
+
+/* An FP8 layout's landing region (every expert row, packed) and its exchange counts in bytes: a count of
+ * rows x hidden elements becomes rows x fp8_row_bytes. */
+static dtl_status dtl__fp8_maps(dtl_moe_layout *L) {
+  size_t n = (size_t)(L->calls ? L->calls : 1) * (size_t)L->size;
+  L->fp8_send_counts = dtl__calloc(n, sizeof(size_t));
+  L->fp8_recv_counts = dtl__calloc(n, sizeof(size_t));
+  if (!L->fp8_send_counts || !L->fp8_recv_counts) return dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory");
+  for (size_t i = 0; i < n; i++) {
+    L->fp8_send_counts[i] = L->send_counts[i] / (size_t)L->hidden * L->fp8_row_bytes;
+    L->fp8_recv_counts[i] = L->recv_counts[i] / (size_t)L->hidden * L->fp8_row_bytes;
+  }
+  size_t bytes;
+  if (!dtl__mul_size((size_t)L->expert_rows, L->fp8_row_bytes, &bytes))
+    return dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "%lld FP8 expert rows overflow", (long long)L->expert_rows);
+  return dtl__mem_alloc(&L->comm->mem, bytes, &L->fp8_in);
+}
+
 /* Writes the rows of runs one by one into src and dst; returns how many. */
 static int64_t dtl__rows_of_runs(const dtl__moe_run *runs, int64_t n, int64_t *src, int64_t *dst) {
   int64_t at = 0;
@@ -385,6 +423,8 @@ dtl_status dtl_moe_layout_create(dtl_comm *c, const dtl_moe_placement *p, int64_
     L->hidden = hidden;
     L->dtype = dtype;
     L->row_bytes = (size_t)hidden * dtl_dtype_size(dtype);
+    L->fp8 = o.fp8;
+    L->fp8_row_bytes = o.fp8 ? dtl__act_fp8_row_bytes(hidden) : 0;
     L->verify = o.verify;
     L->capacity = o.has_capacity ? dtl__moe_capacity(tokens, k, p->experts, o.factor) : -1;
     local = dtl__moe_route_build(ids, weights, tokens, k, p->experts, L->capacity, o.policy, &route);
@@ -408,7 +448,8 @@ dtl_status dtl_moe_layout_create(dtl_comm *c, const dtl_moe_placement *p, int64_
       memcpy(L->kept, route.kept, sizeof(int64_t) * (size_t)p->experts);
       memcpy(L->dropped, route.dropped, sizeof(int64_t) * (size_t)p->experts);
       if (pairs) memcpy(L->weights, weights, sizeof(float) * pairs);
-      local = dtl__mem_alloc(&c->mem, (size_t)remote_rows * L->row_bytes, &L->send_buf);
+      local = dtl__mem_alloc(&c->mem, (size_t)remote_rows * dtl__stage_row_bytes(L), &L->send_buf);
+      if (local == DTL_OK && L->fp8) local = dtl__mem_alloc(&c->mem, (size_t)tokens * L->fp8_row_bytes, &L->fp8_x);
     } else {
       local = dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory");
     }
@@ -447,11 +488,12 @@ dtl_status dtl_moe_layout_create(dtl_comm *c, const dtl_moe_placement *p, int64_
   if (st == DTL_OK) st = dtl__build_maps(L, p, &route, cin, o.pad);
   if (st == DTL_OK && L->recv_rows > 0) {
     size_t bytes;
-    if (!dtl__mul_size((size_t)L->recv_rows, L->row_bytes, &bytes))
+    if (!dtl__mul_size((size_t)L->recv_rows, dtl__stage_row_bytes(L), &bytes))
       st = dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "receive staging of %lld rows overflows", (long long)L->recv_rows);
     else
       st = dtl__mem_alloc(&c->mem, bytes, &L->recv_buf);
   }
+  if (st == DTL_OK && L->fp8) st = dtl__fp8_maps(L);
   if (st == DTL_OK && c->mem.ops->memory == DTL_MEMORY_DEVICE) st = dtl__upload_maps(L);
   st = dtl__agree(o.count_comm, fn, 0, st);
   if (st != DTL_OK) goto fail;

@@ -97,6 +97,14 @@ struct dtl_moe_layout {
     void *p;
     size_t bytes;
   } *expert_ws;
+  /* FP8 dispatch (DTL_MOE_LAYOUT_FP8_DISPATCH): rows travel packed (quant/act_fp8.h: codes, then scales) in
+   * fp8_row_bytes, so the staging buffers hold max(row_bytes, fp8_row_bytes) a row. fp8_x: x quantized, tokens
+   * packed rows (the pack's source); fp8_in: expert_rows packed rows (where the rows land, then dequantized or
+   * split); fp8_*_counts: the exchange's counts in bytes. */
+  bool fp8;
+  size_t fp8_row_bytes;
+  void *fp8_x, *fp8_in;
+  size_t *fp8_send_counts, *fp8_recv_counts; /* [calls * size] */
   /* A device layout (communicator in device memory): one buffer, uploaded at creation, holding slot_row and
    * weights for the combine kernel and the row maps of the gather kernel (pack: x -> send staging | expert_in
    * with the padding rows zeroed; regroup: receive staging -> expert_in, run backwards by combine). */
@@ -105,6 +113,19 @@ struct dtl_moe_layout {
   const float *dev_weights;
   dtl__moe_rowmap dev_pack, dev_regroup;
 };
+
+/* What dispatch, FP8 dispatch and combine share (exchange.c). The agreement before any row moves (verify or
+ * DTL_CHECK on count_comm; else local as it is); the check of a call's token and expert buffers; and one set of row
+ * moves of rows of rb bytes: the runs (host) or the device map dev (one gather launch), from src to destination
+ * rows below split in lo and the others in hi, backwards when reverse (destination rows become sources). */
+dtl_status dtl__moe_agree(dtl_moe_layout *L, const char *fn, dtl_status local);
+dtl_status dtl__moe_check_buffers(const char *fn, const dtl_moe_layout *L, const void *tokens_buf,
+                                  const char *tokens_name, const void *expert_buf, const char *expert_name);
+dtl_status dtl__moe_move(const dtl_moe_layout *L, size_t rb, const dtl__moe_run *runs, int64_t nruns,
+                         const dtl__moe_rowmap *dev, bool reverse, const void *src, void *lo, void *hi, int64_t split);
+/* FP8 dispatch (fp8.c): into expert_in (dequantized, dtype), or with raw into codes and scales. */
+dtl_status dtl__moe_dispatch_fp8(dtl_moe_layout *L, const char *fn, const void *x, bool raw, void *expert_in,
+                                 void *codes, void *scales);
 
 /* The row maps of a layout's pack (with its padding rows) and regroup, in host arrays of 2 x (pack rows) and
  * 2 x (regroup rows) int64 that *buf points to (free with dtl__free; src of each map first, then dst). The

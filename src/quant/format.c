@@ -239,6 +239,23 @@ void dtl__qgeom_part_box(const dtl__qgeom *g, int part, const int64_t *lshape, c
   }
 }
 
+void dtl__qgeom_owned_box(const dtl__qgeom *g, int part, const int64_t *lshape, const int64_t *loff, int64_t *pshape,
+                          int64_t *poff) {
+  const dtl__qpart_geom *pg = &g->part[part];
+  dtl__qgeom_part_box(g, part, lshape, loff, pshape, poff);
+  for (int d = 0; d < pg->ndim; d++) {
+    const dtl__qmap *m = &pg->map[d];
+    int64_t lo = loff[m->src], hi = lo + lshape[m->src];
+    if (m->kind == DTL__QMAP_BLOCK) {
+      int64_t a = lo / m->n + (lo % m->n != 0), b = hi / m->n + (hi % m->n != 0);
+      poff[d] = a;
+      pshape[d] = b > a ? b - a : 0;
+    } else if ((m->kind == DTL__QMAP_WHOLE || m->kind == DTL__QMAP_ONE) && !(lo == 0 && hi > 0)) {
+      pshape[d] = 0;
+    }
+  }
+}
+
 void dtl__qformat_text(const dtl_quant_format *f, char *buf, size_t cap) {
   const char *name = dtl_quant_kind_name(f->kind);
   if (!name) name = "?";

@@ -58,6 +58,14 @@ dtl_status dtl__qgeom_init(const char *fn, const dtl_quant_format *fmt, int ndim
 void dtl__qgeom_part_box(const dtl__qgeom *g, int part, const int64_t *lshape, const int64_t *loff, int64_t *pshape,
                          int64_t *poff);
 
+/* The blocks of part `part` that the logical box (lshape, loff) owns: along a BLOCK dim those whose first element
+ * it holds, [ceil(lo / n), ceil(hi / n)); along WHOLE and ONE dims everything when it holds the dim's first element
+ * (lo == 0 < hi), else nothing; along the other dims its box, as dtl__qgeom_part_box. The owned boxes of the ranks
+ * of a layout that differ on a sharded coordinate are disjoint and together cover the part (where every dim of the
+ * logical tensor is non-empty), so a redistribution takes each block from its one owner (redistribute/xmap.h). */
+void dtl__qgeom_owned_box(const dtl__qgeom *g, int part, const int64_t *lshape, const int64_t *loff, int64_t *pshape,
+                          int64_t *poff);
+
 /* Elements of a box (the product of its extents; 1 for 0 dims). */
 static inline int64_t dtl__qbox_count(int ndim, const int64_t *shape) {
   int64_t n = 1;

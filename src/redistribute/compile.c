@@ -195,12 +195,12 @@ static void dtl__view_of(const dtl_plan *p, int s, int d, dtl__view *v) {
   int64_t bs[DTL_MAX_TENSOR_DIMS], bo[DTL_MAX_TENSOR_DIMS];
   if (s >= 0) {
     dtl__coord_of(p->src.mesh, s, v->scoord);
-    dtl__local_box(p->src.mesh, p->src.ndim, p->src.shape, p->src.placements, v->scoord, bs, bo);
+    dtl__xbox(p->qgeom, p->qpart, false, p->src.mesh, p->src.ndim, p->src.shape, p->src.placements, v->scoord, bs, bo);
     v->a0 = dtl__box_count(p->src.ndim, bs);
   }
   if (d >= 0) {
     dtl__coord_of(p->dst.mesh, d, v->dcoord);
-    dtl__local_box(p->dst.mesh, p->dst.ndim, p->dst.shape, p->dst.placements, v->dcoord, bs, bo);
+    dtl__xbox(p->qgeom, p->qpart, false, p->dst.mesh, p->dst.ndim, p->dst.shape, p->dst.placements, v->dcoord, bs, bo);
     v->d0 = dtl__box_count(p->dst.ndim, bs);
   }
 }
@@ -224,8 +224,11 @@ static void dtl__analyze(const dtl_plan *p, const dtl__view *v, dtl__ex_step *ex
     if (s->kind == DTL__STEP_EXCHANGE) {
       e->op = EX_EXCHANGE;
       e->m = -1;
-      if (v->s >= 0) dtl__local_box(mesh, nd, p->src.shape, s->before, v->scoord, e->in_shape, e->in_off);
-      if (v->d >= 0) dtl__local_box(p->dst.mesh, nd, p->dst.shape, s->after, v->dcoord, e->out_shape, e->out_off);
+      if (v->s >= 0)
+        dtl__xbox(p->qgeom, p->qpart, false, mesh, nd, p->src.shape, s->before, v->scoord, e->in_shape, e->in_off);
+      if (v->d >= 0)
+        dtl__xbox(p->qgeom, p->qpart, false, p->dst.mesh, nd, p->dst.shape, s->after, v->dcoord, e->out_shape,
+                  e->out_off);
       e->a = v->s >= 0 ? dtl__box_count(nd, e->in_shape) : 0;
       e->b = v->d >= 0 ? dtl__box_count(nd, e->out_shape) : 0;
       continue;
@@ -321,7 +324,8 @@ static bool dtl__packed_in_rounds(const dtl_plan *p, int nd, const int64_t *bs, 
 
 /* The messages of exchange step e for rank v (xm set to the step's source placements): counts into x, and, when
  * x->send / x->recv are allocated, the messages themselves. A message's peer is a rank of the exchange's
- * communicator: the mesh rank on one mesh, the parent rank between two. */
+ * communicator: the mesh rank on one mesh, the parent rank between two. A rank sends pieces of the box it owns
+ * (xmap.h: its box, but for a quantized part's blocks), addressed within the box it holds (e's input box). */
 static void dtl__exchange_messages(const dtl_plan *p, const dtl__xmap *xm, const dtl__view *v, const dtl__ex_step *e,
                                    dtl__xstep *x) {
   int nd = p->src.ndim;
@@ -331,13 +335,15 @@ static void dtl__exchange_messages(const dtl_plan *p, const dtl__xmap *xm, const
   x->self = false;
   x->fill = v->d >= 0 && dtl__xmap_fills(xm, v->d, &x->fill_op);
   int64_t ts[DTL_MAX_TENSOR_DIMS], to[DTL_MAX_TENSOR_DIMS], is[DTL_MAX_TENSOR_DIMS], io[DTL_MAX_TENSOR_DIMS];
+  int64_t os[DTL_MAX_TENSOR_DIMS], oo[DTL_MAX_TENSOR_DIMS];
   if (v->s >= 0 && e->a) {
+    dtl__xmap_src_box(xm, v->s, os, oo);
     /* Target ranks with one box (replicas) get the same piece: packed once, for the first of them (tmark). */
     for (int t = 0; t < p->dst.mesh->size; t++) xm->tmark[t] = -1;
     for (int t = 0; t < p->dst.mesh->size; t++) {
       if (t == v->d || dtl__xmap_fills(xm, t, NULL)) continue;
       dtl__xmap_dst_box(xm, t, ts, to);
-      if (!dtl__ex_intersect(nd, e->in_shape, e->in_off, ts, to, is, io) || dtl__xmap_holder(xm, t, v->s) != v->s) continue;
+      if (!dtl__ex_intersect(nd, os, oo, ts, to, is, io) || dtl__xmap_holder(xm, t, v->s) != v->s) continue;
       size_t n = dtl__box_count(nd, is), at = 0;
       bool run = dtl__run_offset(nd, e->in_shape, e->in_off, is, io, &at);
       int rep = dtl__xmap_box_rep(xm, t), same = xm->tmark[rep];
@@ -623,7 +629,7 @@ static int dtl__exchange_step(const dtl_plan *p) {
 
 /* An exchange map with the plan's exchange step's source placements set. */
 static dtl_status dtl__plan_xmap(const char *fn, const dtl_plan *p, int xk, dtl__xmap *xm) {
-  DTL_TRY(dtl__xmap_init(xm, fn, &p->src, p->src.mesh, p->dst.mesh, p->dst.placements));
+  DTL_TRY(dtl__xmap_init(xm, fn, &p->src, p->src.mesh, p->dst.mesh, p->dst.placements, p->qgeom, p->qpart));
   dtl__xmap_source(xm, p->steps[xk].before);
   return DTL_OK;
 }

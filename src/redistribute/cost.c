@@ -441,6 +441,20 @@ int64_t dtl__exchange_cost_ps(const dtl_cost_model *c, const dtl__xvolume *max, 
   return dtl__ps((double)rounds * (peers + 1) * dtl__alpha(c, max->inter) + (double)bytes * dtl__beta(c, max->inter));
 }
 
+int64_t dtl__exchange_step_price(dtl__xmap *x, const dtl_cost_model *c, int rounds, dtl__plan_step *st) {
+  dtl__xvolume vmax, vme;
+  dtl__xmap_volume_max(x, &vmax);
+  int64_t ps = dtl__exchange_cost_ps(c, &vmax, rounds);
+  st->peers = vmax.send_peers > vmax.recv_peers ? vmax.send_peers : vmax.recv_peers;
+  st->inter = vmax.inter;
+  dtl__xmap_volume_at(x, dtl__mesh_index(x->sm), dtl__mesh_index(x->dm), &vme);
+  st->send_bytes = vme.send;
+  st->recv_bytes = vme.recv;
+  st->remote_bytes = vme.send_remote;
+  st->cost_s = (double)ps * 1e-12;
+  return ps;
+}
+
 int64_t dtl__step_cost_ps(const dtl_cost_model *c, dtl__step_kind kind, int p, const dtl__step_volume *max,
                           bool inter) {
   bool local = kind == DTL__STEP_LOCAL_SLICE || kind == DTL__STEP_LOCAL_PARTIAL || kind == DTL__STEP_LOCAL_EMBED;

@@ -73,6 +73,10 @@ int64_t dtl__step_cost_ps(const dtl_cost_model *c, dtl__step_kind kind, int p, c
  * its messages crosses nodes (max->inter: the slowest message sets the pace of a round). When no rank moves
  * anything to another, only the local copies are charged (local_beta), like a local step. Same rounding. */
 int64_t dtl__exchange_cost_ps(const dtl_cost_model *c, const dtl__xvolume *max, int rounds);
+/* Fills exchange step st from map x (its source placements set): the cost of the maximum over the ranks in `rounds`
+ * rounds (returned, and in st->cost_s), the most peers, the link class, and this rank's bytes sent, received and sent
+ * to other nodes. The planner's exchanges and the quantized parts' share it, so they price alike. */
+int64_t dtl__exchange_step_price(dtl__xmap *x, const dtl_cost_model *c, int rounds, dtl__plan_step *st);
 /* The alpha a step of the given class pays per round (the search's lower bound). */
 double dtl__cost_alpha(const dtl_cost_model *c, bool inter);
 

@@ -291,8 +291,30 @@ static dtl_status dtl__req_wait(dtl_request *req) {
   return st == DTL_OK ? DTL_OK : dtl__error_prefix(st, "dtl_wait (dtl_plan_execute_async)");
 }
 
+dtl_status dtl__plan_acquire_request(const char *fn, dtl_plan *p) {
+  if (p->exec && !p->exec->req && !(p->exec->req = dtl__calloc(1, sizeof *p->exec->req)))
+    return dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory for the plan's request");
+  return DTL_OK;
+}
+
+dtl_status dtl__plan_check_call(const char *fn, const dtl_plan *p, const void *src_local, const void *dst_local) {
+  if (!p->exec) return dtl__error_fn(DTL_ERR_INTERNAL, fn, "the plan was never compiled");
+  if (!dtl__plan_comm(p)) {
+    DTL_CHECK_ARG(src_local == NULL && dst_local == NULL, fn, "src_local=%p, dst_local=%p but this rank is in neither "
+                  "mesh of the plan (pass NULL for both)", src_local, dst_local);
+    return DTL_OK;
+  }
+  const dtl__ex_layout *L = NULL;
+  void *ws = NULL;
+  return dtl__run_args(fn, p, src_local, (void *)(uintptr_t)dst_local, true, &ws, 0, &L);
+}
+
 dtl_status dtl_plan_execute_async(const dtl_plan *p, const void *src_local, void *dst_local, dtl_request **req) {
-  static const char fn[] = "dtl_plan_execute_async";
+  return dtl__plan_start("dtl_plan_execute_async", p, src_local, dst_local, req);
+}
+
+dtl_status dtl__plan_start(const char *fn, const dtl_plan *p, const void *src_local, void *dst_local,
+                           dtl_request **req) {
   DTL_CHECK_ARG(p != NULL, fn, "plan=NULL");
   DTL_CHECK_ARG(req != NULL, fn, "req=NULL");
   DTL_CHECK_ARG(p->src.mesh->parent != NULL, fn, "the plan's mesh is abstract (dtl_mesh_create_abstract): it has no "

@@ -39,7 +39,7 @@ static bool dtl__step_communicates(const dtl__plan_step *s) {
          k == DTL__STEP_ALL_TO_ALL || (k == DTL__STEP_EXCHANGE && s->peers > 0);
 }
 
-static void dtl__bytes_text(uint64_t b, char *buf, size_t cap) {
+void dtl__plan_bytes_text(uint64_t b, char *buf, size_t cap) {
   static const char *unit[] = {"KiB", "MiB", "GiB", "TiB"};
   if (b < 1024) {
     snprintf(buf, cap, "%llu B", (unsigned long long)b);
@@ -51,7 +51,7 @@ static void dtl__bytes_text(uint64_t b, char *buf, size_t cap) {
   snprintf(buf, cap, "%.1f %s", v, unit[u]);
 }
 
-static void dtl__time_text(double s, char *buf, size_t cap) {
+void dtl__plan_time_text(double s, char *buf, size_t cap) {
   if (s == 0) snprintf(buf, cap, "0 s");
   else if (s < 1e-6) snprintf(buf, cap, "%.1f ns", s * 1e9);
   else if (s < 1e-3) snprintf(buf, cap, "%.1f us", s * 1e6);
@@ -95,7 +95,7 @@ static void dtl__link_text(const dtl__plan_step *st, bool nodes, char *buf, size
   char x[24];
   buf[0] = '\0';
   if (!nodes) return;
-  dtl__bytes_text(st->remote_bytes, x, sizeof x);
+  dtl__plan_bytes_text(st->remote_bytes, x, sizeof x);
   snprintf(buf, cap, "link %-5s  xnode %-10s  ", st->inter ? "inter" : "intra", x);
 }
 
@@ -134,9 +134,9 @@ static size_t dtl__explain_render(const dtl_plan *p, char *b) {
     char tr[40], dims[32], snd[24], rcv[24], est[24], link[48];
     char from[16], to[16];
     dtl__link_text(st, nodes, link, sizeof link);
-    dtl__bytes_text(st->send_bytes, snd, sizeof snd);
-    dtl__bytes_text(st->recv_bytes, rcv, sizeof rcv);
-    dtl__time_text(st->cost_s, est, sizeof est);
+    dtl__plan_bytes_text(st->send_bytes, snd, sizeof snd);
+    dtl__plan_bytes_text(st->recv_bytes, rcv, sizeof rcv);
+    dtl__plan_time_text(st->cost_s, est, sizeof est);
     if (st->kind == DTL__STEP_EXCHANGE) {
       char a[DTL_MAX_MESH_DIMS * 16], z[DTL_MAX_MESH_DIMS * 16], rounds[32] = "";
       if (dtl_placements_format(st->before, M, a, sizeof a) != DTL_OK) snprintf(a, sizeof a, "?");
@@ -161,15 +161,15 @@ static size_t dtl__explain_render(const dtl_plan *p, char *b) {
   if (p->nsteps == 0) dtl__say(b, &o, "(no steps: every rank already holds its target shard)\n");
   int nc = dtl_plan_num_collectives(p);
   char est[24], scratch[24];
-  dtl__time_text(p->total_cost_s, est, sizeof est);
-  dtl__bytes_text(p->scratch_bytes, scratch, sizeof scratch);
+  dtl__plan_time_text(p->total_cost_s, est, sizeof est);
+  dtl__plan_bytes_text(p->scratch_bytes, scratch, sizeof scratch);
   dtl__say(b, &o, "total  %d step%s, %d collective%s, est %s, scratch %s\n", p->nsteps, p->nsteps == 1 ? "" : "s", nc,
            nc == 1 ? "" : "s", est, scratch);
   if (p->unbounded_scratch) { /* the scratch bound turned the cheapest route down: what it cost, how to lift it */
     char ub[24], more[24], need[24];
-    dtl__time_text(p->unbounded_cost_s, ub, sizeof ub);
-    dtl__time_text(p->total_cost_s - p->unbounded_cost_s, more, sizeof more);
-    dtl__bytes_text(p->unbounded_scratch, need, sizeof need);
+    dtl__plan_time_text(p->unbounded_cost_s, ub, sizeof ub);
+    dtl__plan_time_text(p->total_cost_s - p->unbounded_cost_s, more, sizeof more);
+    dtl__plan_bytes_text(p->unbounded_scratch, need, sizeof need);
     int extra = nc - p->unbounded_collectives;
     char calls[32] = "";
     if (extra > 0) snprintf(calls, sizeof calls, "%d collective%s and ", extra, extra == 1 ? "" : "s");

@@ -7,6 +7,7 @@
 #define DTL_PLAN_INTERNAL_H
 
 #include "layout/layout_internal.h"
+#include "quant/format.h"
 
 typedef enum {
   DTL__STEP_ALL_GATHER,     /* S(i) -> R          */
@@ -74,6 +75,13 @@ struct dtl_plan {
   double unbounded_cost_s;
   int unbounded_collectives;
   size_t unbounded_scratch;
+  /* A plan of one part of a quantized tensor whose dims include BLOCK dims (format.h: its shards overlap where a cut
+   * splits a block), made by dtl__plan_create_qpart: src and dst are the part's layouts (its dtype and global shape,
+   * the logical placements moved onto the part dims that follow the logical dims, this rank's held box), every box
+   * comes from the geometry qgeom (not owned: the quantized plan's) of part qpart (xmap.h, dtl__xbox), and the one
+   * step is an exchange. NULL for every other plan. */
+  const dtl__qgeom *qgeom;
+  int qpart;
   /* Compiled by dtl__plan_compile (executor_internal.h); NULL before. Reached through a pointer, so that the
    * driver can fill its count arrays and grow its workspace through a const plan. */
   struct dtl__plan_exec *exec;
@@ -87,6 +95,13 @@ const char *dtl__plan_step_name(dtl__step_kind k);
  * rank; SIZE_MAX: each rank's larger local end). Tests pass a limit no plan reaches to get the cheapest route. */
 dtl_status dtl__plan_create(const char *fn, const dtl_layout *src, const dtl_layout *dst, const dtl_cost_model *over,
                             size_t limit, dtl_plan **out);
+/* The plan of part `part` (which has BLOCK dims) of a quantized tensor of geometry g (kept by the caller, which must
+ * outlive the plan) from logical layout src to logical layout dst (one mesh or two of one parent, no Partial): one
+ * exchange step, each target rank taking every block its held box needs from the source class that owns it,
+ * priced under the model over (NULL: defaults) like the planner's exchanges, and compiled (its workspace is the
+ * caller's to acquire, dtl__plan_acquire_workspace). */
+dtl_status dtl__plan_create_qpart(const char *fn, const dtl__qgeom *g, int part, const dtl_layout *src,
+                                  const dtl_layout *dst, const dtl_cost_model *over, dtl_plan **out);
 /* The planner's checks of a (src, dst) pair: both given, dtype and global shape equal, one mesh or two meshes of
  * one parent. */
 dtl_status dtl__plan_check_pair(const char *fn, const dtl_layout *src, const dtl_layout *dst);
@@ -108,6 +123,18 @@ dtl_status dtl__plan_run(const char *fn, const struct dtl_plan *p, const void *s
  * executable plan: the public constructors call it, so that dtl_plan_execute never allocates and a first execution
  * cannot fail alone (comm.h); the plans of dtl_redistribute's cache run in the cache's workspace instead. */
 dtl_status dtl__plan_acquire_workspace(const char *fn, struct dtl_plan *p);
+/* The checks of dtl_plan_execute on this rank's buffers for p (compiled, with its own workspace), messages naming fn:
+ * what a caller that runs several plans together checks for each before they agree and start. */
+dtl_status dtl__plan_check_call(const char *fn, const struct dtl_plan *p, const void *src_local, const void *dst_local);
+/* dtl_plan_execute_async without its argument checks' own function name: fn names the caller. */
+dtl_status dtl__plan_start(const char *fn, const struct dtl_plan *p, const void *src_local, void *dst_local,
+                           dtl_request **req);
+/* Acquires the request of dtl_plan_execute_async beforehand, so that a caller's first nonblocking execution
+ * allocates nothing. */
+dtl_status dtl__plan_acquire_request(const char *fn, struct dtl_plan *p);
+/* Explain's figures: bytes ("12 B", "1.5 MiB") and seconds ("3.2 us"), as every plan text prints them. */
+void dtl__plan_bytes_text(uint64_t b, char *buf, size_t cap);
+void dtl__plan_time_text(double s, char *buf, size_t cap);
 /* Frees what compilation and execution attached to p (its compiled form and workspace), not p itself. */
 void dtl__plan_release(struct dtl_plan *p);
 

@@ -572,16 +572,7 @@ static dtl_status dtl__plan_build(const char *fn, const dtl__space *s, const dtl
       for (int q = 0; q < s->M; q++)
         if (mesh->shape[q] == 1) st->before[q] = rest[q];
       dtl__xmap_source(s->xm, st->before);
-      dtl__xvolume vmax, vme;
-      dtl__xmap_volume_max(s->xm, &vmax);
-      ps = dtl__exchange_cost_ps(s->cost, &vmax, p->xrounds);
-      st->peers = vmax.send_peers > vmax.recv_peers ? vmax.send_peers : vmax.recv_peers;
-      st->inter = vmax.inter;
-      int me_s = dtl__mesh_index(mesh), me_d = dtl__mesh_index(dst->mesh);
-      dtl__xmap_volume_at(s->xm, me_s, me_d, &vme);
-      st->send_bytes = vme.send;
-      st->recv_bytes = vme.recv;
-      st->remote_bytes = vme.send_remote;
+      ps = dtl__exchange_step_price(s->xm, s->cost, p->xrounds, st);
     } else {
       dtl__decode(s, path[k + 1], st->after);
       for (int m = 0; m < s->M; m++)
@@ -717,7 +708,7 @@ dtl_status dtl__plan_create(const char *fn, const dtl_layout *src, const dtl_lay
    * 1024 ranks (over 60 ms per pricing) such plans take the per-dim routes only (between two meshes the exchange is
    * the only route, whatever it costs to price). */
   dtl__xmap xm;
-  DTL_TRY(dtl__xmap_init(&xm, fn, src, mesh, dst->mesh, dst->placements));
+  DTL_TRY(dtl__xmap_init(&xm, fn, src, mesh, dst->mesh, dst->placements, NULL, 0));
   s.xm = cross || (uint64_t)mesh->size * (uint64_t)dst->mesh->size <= DTL__XMAP_MAX_PAIRS ? &xm : NULL;
   s.src_pl = src->placements;
   s.cross = cross;
@@ -807,6 +798,78 @@ dtl_status dtl__plan_create(const char *fn, const dtl_layout *src, const dtl_lay
     p->unbounded_scratch = worst0;
   }
   DTL_LOG(DTL_LOG_DEBUG, "plan", "%s: %d steps, est %.3g s", fn, p->nsteps, p->total_cost_s);
+  *out = p;
+  return DTL_OK;
+}
+
+/* A quantized part's plan (plan_internal.h): the part's layouts, whose boxes the geometry gives (xmap.h), and the one
+ * exchange. Its placements are the logical ones moved onto the part dims that follow the logical dims, so that explain
+ * and the DTL_CHECK fingerprint read the part as a tensor of its own. */
+static dtl_status dtl__qpart_layout(const char *fn, const dtl__qgeom *g, int part, const dtl_layout *logical,
+                                    dtl_layout *out) {
+  const dtl__qpart_geom *pg = &g->part[part];
+  const dtl_mesh *m = logical->mesh;
+  dtl_placement pl[DTL_MAX_MESH_DIMS];
+  for (int md = 0; md < m->ndim; md++) {
+    dtl_placement q = logical->placements[md];
+    pl[md] = q;
+    if (q.kind != DTL_SHARD) continue;
+    int follow = -1;
+    for (int d = 0; d < pg->ndim && follow < 0; d++)
+      if (pg->map[d].src == q.dim && pg->map[d].kind != DTL__QMAP_WHOLE && pg->map[d].kind != DTL__QMAP_ONE) follow = d;
+    if (follow < 0)
+      return dtl__error_fn(DTL_ERR_INTERNAL, fn, "part %d has no dim that follows logical dim %d (placements[%d])", part,
+                           q.dim, md);
+    pl[md] = dtl_shard(follow);
+  }
+  DTL_TRY(dtl__layout_init(out, fn, m, pg->dtype, pg->ndim, pg->shape, pl));
+  if (m->member) {
+    dtl__xbox(g, part, false, m, pg->ndim, pg->shape, out->placements, m->coord, out->local_shape, out->local_offset);
+    out->local_count = (size_t)dtl__qbox_count(pg->ndim, out->local_shape);
+  }
+  return DTL_OK;
+}
+
+dtl_status dtl__plan_create_qpart(const char *fn, const dtl__qgeom *g, int part, const dtl_layout *src,
+                                  const dtl_layout *dst, const dtl_cost_model *over, dtl_plan **out) {
+  DTL_CHECK_ARG(out != NULL, fn, "out=NULL");
+  DTL_TRY(dtl__plan_check_pair(fn, src, dst));
+  dtl_cost_model cost;
+  DTL_TRY(dtl__cost_resolve(fn, src->mesh, over, &cost));
+  dtl_plan *p = dtl__calloc(1, sizeof *p);
+  if (!p) return dtl__error_fn(DTL_ERR_OUT_OF_MEMORY, fn, "out of host memory");
+  dtl_status st = dtl__qpart_layout(fn, g, part, src, &p->src);
+  if (st == DTL_OK) st = dtl__qpart_layout(fn, g, part, dst, &p->dst);
+  dtl__xmap xm;
+  if (st == DTL_OK)
+    st = dtl__xmap_init(&xm, fn, &p->src, p->src.mesh, p->dst.mesh, p->dst.placements, g, part);
+  if (st != DTL_OK) {
+    dtl__free(p);
+    return st;
+  }
+  p->qgeom = g;
+  p->qpart = part;
+  p->cost = cost;
+  p->limit = SIZE_MAX;
+  p->xdim = -1;
+  for (int d = 0; d < p->src.ndim && p->xdim < 0; d++)
+    if (p->src.shape[d] > 1) p->xdim = d;
+  p->xrows = p->xdim < 0 ? 1 : p->src.shape[p->xdim];
+  p->xrounds = 1;
+  p->nsteps = 1;
+  dtl__plan_step *s = &p->steps[0];
+  s->kind = DTL__STEP_EXCHANGE;
+  s->mesh_dim = -1;
+  memcpy(s->before, p->src.placements, sizeof s->before);
+  memcpy(s->after, p->dst.placements, sizeof s->after);
+  dtl__xmap_source(&xm, s->before);
+  p->total_cost_s = (double)dtl__exchange_step_price(&xm, &cost, 1, s) * 1e-12;
+  dtl__xmap_free(&xm);
+  st = dtl__plan_compile(fn, p);
+  if (st != DTL_OK) {
+    dtl_plan_destroy(p);
+    return st;
+  }
   *out = p;
   return DTL_OK;
 }

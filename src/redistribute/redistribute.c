@@ -150,7 +150,7 @@ void dtl__plan_cache_stats(const dtl_mesh *m, uint64_t *hits, uint64_t *misses) 
 
 /* What every rank must execute alike: both layouts, the mesh they are on (its id tells two meshes of one
  * shape apart), the steps and the resolved cost model (ranks whose DTL_PLAN_TUNE or explicit cost differ may
- * plan different steps for the same layouts). */
+ * plan different steps for the same layouts), and for a quantized part the geometry its boxes come from. */
 static uint64_t dtl__plan_fingerprint(const dtl_plan *p) {
   uint64_t h = dtl__fp_mix(dtl__pair_key(&p->src, &p->dst), p->src.mesh->id);
   h = dtl__fp_mix(h, p->dst.mesh->id);
@@ -159,6 +159,16 @@ static uint64_t dtl__plan_fingerprint(const dtl_plan *p) {
   h = dtl__fp_double(h, p->cost.local_beta_s_per_byte);
   h = dtl__fp_mix(h, (uint64_t)p->nsteps);
   h = dtl__fp_mix(h, (uint64_t)p->xrounds);
+  if (p->qgeom) { /* a quantized part: how its dims follow the logical ones decides every box */
+    const dtl__qgeom *g = p->qgeom;
+    const dtl__qpart_geom *pg = &g->part[p->qpart];
+    h = dtl__fp_mix(h, (uint64_t)p->qpart);
+    h = dtl__fp_i64s(h, g->shape, g->ndim);
+    for (int d = 0; d < pg->ndim; d++) {
+      h = dtl__fp_mix(h, (uint64_t)pg->map[d].kind << 32 | (uint32_t)pg->map[d].src);
+      h = dtl__fp_i64s(h, &pg->map[d].n, 1);
+    }
+  }
   for (int k = 0; k < p->nsteps && k < DTL__MAX_PLAN_STEPS; k++) {
     const dtl__plan_step *s = &p->steps[k];
     dtl_placement to = s->after[s->mesh_dim >= 0 && s->mesh_dim < DTL_MAX_MESH_DIMS ? s->mesh_dim : 0];
@@ -169,19 +179,29 @@ static uint64_t dtl__plan_fingerprint(const dtl_plan *p) {
 }
 
 dtl_status dtl__plan_agree(const char *fn, const dtl_plan *p, dtl_status local) {
+  return dtl__plans_agree(fn, &p, 1, local);
+}
+
+/* One fingerprint for the plans together, each plan's mixed in turn (one plan: its own). */
+static uint64_t dtl__plans_fingerprint(const dtl_plan *const *plans, int n) {
+  uint64_t h = dtl__plan_fingerprint(plans[0]);
+  for (int i = 1; i < n; i++) h = dtl__fp_mix(h, dtl__plan_fingerprint(plans[i]));
+  return h;
+}
+
+dtl_status dtl__plans_agree(const char *fn, const dtl_plan *const *plans, int n, dtl_status local) {
+  const dtl_plan *p = plans[0];
   const dtl_mesh *sm = p->src.mesh, *dm = p->dst.mesh;
-  if (sm == dm) return dtl__agree_checked(sm->comm, fn, local == DTL_OK ? dtl__plan_fingerprint(p) : 0, local);
+  if (sm == dm) return dtl__agree_checked(sm->comm, fn, local == DTL_OK ? dtl__plans_fingerprint(plans, n) : 0, local);
   dtl_comm *c = sm->parent;
   if (!c->check) return local;
   const struct dtl__plan_exec *x = p->exec;
-  return dtl__agree_among(c, x->ngroup, x->group, fn, local == DTL_OK ? dtl__plan_fingerprint(p) : 0, local);
+  return dtl__agree_among(c, x->ngroup, x->group, fn, local == DTL_OK ? dtl__plans_fingerprint(plans, n) : 0, local);
 }
 
 /* --- entry points --------------------------------------------------------------------------------------- */
 
-/* The agreement of a call that could not plan (a plan agrees in its execution): over the mesh, or over the ranks of
- * both meshes, which form no communicator (their parent ranks, gathered here). */
-static dtl_status dtl__pair_agree(const char *fn, const dtl_layout *src, const dtl_layout *dst, dtl_status local) {
+dtl_status dtl__pair_agree(const char *fn, const dtl_layout *src, const dtl_layout *dst, dtl_status local) {
   const dtl_mesh *sm = src->mesh, *dm = dst->mesh;
   if (sm->parent != dm->parent) return local; /* no communicator joins them: nothing to agree over */
   if (sm == dm) return sm->comm ? dtl__agree_checked(sm->comm, fn, 0, local) : local;

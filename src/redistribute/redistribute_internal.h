@@ -17,6 +17,14 @@ dtl_status dtl__plan_cached(const dtl_layout *src, const dtl_layout *dst, const 
  * verdict (its argument checks and allocations), else it returns local. */
 dtl_status dtl__plan_agree(const char *fn, const dtl_plan *p, dtl_status local);
 
+/* The same for plans run together (a quantized tensor's parts, all between the same meshes): one agreement whose
+ * fingerprint covers every plan, so that a bad buffer of any of them on one rank fails every rank. */
+dtl_status dtl__plans_agree(const char *fn, const dtl_plan *const *plans, int n, dtl_status local);
+/* The agreement of a call that could not plan (a plan agrees in its execution): over the mesh, or over the ranks of
+ * both meshes of src and dst, which form no communicator (their parent ranks, gathered here); the peers that did plan
+ * meet it in their execution's agreement. */
+dtl_status dtl__pair_agree(const char *fn, const dtl_layout *src, const dtl_layout *dst, dtl_status local);
+
 /* Lookups of the mesh's plan cache that found a plan, and those that had to create one. */
 void dtl__plan_cache_stats(const dtl_mesh *m, uint64_t *hits, uint64_t *misses);
 

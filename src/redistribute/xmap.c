@@ -28,9 +28,33 @@ static uint64_t dtl__box_overlap(int nd, const int64_t *as, const int64_t *ao, c
   return n;
 }
 
+void dtl__xbox(const dtl__qgeom *qg, int qpart, bool owned, const dtl_mesh *m, int nd, const int64_t *shape,
+               const dtl_placement *pl, const int *coord, int64_t *bs, int64_t *bo) {
+  if (!qg) {
+    dtl__local_box(m, nd, shape, pl, coord, bs, bo);
+    return;
+  }
+  /* The part's placements name its own dims; the logical box follows the logical dims they follow. */
+  const dtl__qpart_geom *pg = &qg->part[qpart];
+  dtl_placement lp[DTL_MAX_MESH_DIMS];
+  for (int d = 0; d < m->ndim; d++) {
+    lp[d] = pl[d];
+    if (pl[d].kind == DTL_SHARD) {
+      dtl__qmap_kind k = pg->map[pl[d].dim].kind;
+      lp[d] = k == DTL__QMAP_WHOLE || k == DTL__QMAP_ONE ? dtl_replicate() : dtl_shard(pg->map[pl[d].dim].src);
+    }
+  }
+  int64_t ls[DTL_MAX_TENSOR_DIMS], lo[DTL_MAX_TENSOR_DIMS];
+  dtl__local_box(m, qg->ndim, qg->shape, lp, coord, ls, lo);
+  if (owned) dtl__qgeom_owned_box(qg, qpart, ls, lo, bs, bo);
+  else dtl__qgeom_part_box(qg, qpart, ls, lo, bs, bo);
+}
+
 dtl_status dtl__xmap_init(dtl__xmap *x, const char *fn, const dtl_layout *geom, const dtl_mesh *sm, const dtl_mesh *dm,
-                          const dtl_placement *yd) {
+                          const dtl_placement *yd, const dtl__qgeom *qg, int qpart) {
   memset(x, 0, sizeof *x);
+  x->qg = qg;
+  x->qpart = qpart;
   x->sm = sm;
   x->dm = dm;
   x->nd = geom->ndim;
@@ -67,7 +91,7 @@ dtl_status dtl__xmap_init(dtl__xmap *x, const char *fn, const dtl_layout *geom, 
   for (int q = 0; q < dm->size; q++) {
     dtl__coord_of(dm, q, c);
     int64_t *b = x->tbox + (size_t)nd2 * (size_t)q;
-    dtl__local_box(dm, x->nd, x->shape, x->yd, c, b, b + x->nd);
+    dtl__xbox(qg, qpart, false, dm, x->nd, x->shape, x->yd, c, b, b + x->nd);
   }
   return DTL_OK;
 }
@@ -88,7 +112,7 @@ void dtl__xmap_source(dtl__xmap *x, const dtl_placement *xs) {
     for (int m = 0; m < sm->ndim; m++) rep &= !x->free_dim[m] || c[m] == 0;
     if (!rep) continue;
     int64_t *b = x->cbox + (size_t)nd2 * (size_t)x->nclass;
-    dtl__local_box(sm, x->nd, x->shape, x->xs, c, b, b + x->nd);
+    dtl__xbox(x->qg, x->qpart, true, sm, x->nd, x->shape, x->xs, c, b, b + x->nd);
     x->crep[x->nclass++] = r;
   }
 }
@@ -101,7 +125,7 @@ void dtl__xmap_free(dtl__xmap *x) {
 void dtl__xmap_src_box(const dtl__xmap *x, int r, int64_t *shape, int64_t *off) {
   int c[DTL_MAX_MESH_DIMS];
   dtl__coord_of(x->sm, r, c);
-  dtl__local_box(x->sm, x->nd, x->shape, x->xs, c, shape, off);
+  dtl__xbox(x->qg, x->qpart, true, x->sm, x->nd, x->shape, x->xs, c, shape, off);
 }
 
 void dtl__xmap_dst_box(const dtl__xmap *x, int q, int64_t *shape, int64_t *off) {

@@ -2,7 +2,11 @@
 /* This file is private to dtl. The exchange map: for a source layout without pending Partials on one mesh and a
  * target layout on the same mesh or on another mesh of the same parent, which rank sends which box to which rank.
  * The source ranks with equal boxes form a class (they differ only on the source's replicated mesh dims); each
- * target rank takes each class's part of its box from one member of the class, the holder:
+ * class sends from the box it owns, which is its box, except for a quantized part with BLOCK dims (format.h: the
+ * scale blocks a cut splits are held on both sides), where it is the blocks whose first element its logical box
+ * holds, so that the owned boxes of the classes are disjoint and cover the tensor: a target rank assembles its box
+ * from pieces (owned box of a class and its box), none received twice, each addressed within the sender's whole
+ * box. Each target rank takes each class's part of its box from one member of the class, the holder:
  * - itself, when it is that class's member (so data that stays with its rank never moves);
  * - else the member whose replicated coordinates are the target rank's own coordinates there, when the target
  *   rank is in the source mesh (on one mesh: always), so that the replicas share the sends;
@@ -15,11 +19,19 @@
 
 #include "redistribute/plan_internal.h"
 
+/* The box of the rank at coord of mesh m under placements pl over (nd, shape): dtl__local_box, or for a quantized
+ * part (qg, qpart; qg NULL: a plain tensor) whose placements shard the part's dims, the part's box of the logical
+ * box there (dtl__qgeom_part_box: what the rank holds) or, owned, the blocks it alone sends (dtl__qgeom_owned_box). */
+void dtl__xbox(const dtl__qgeom *qg, int qpart, bool owned, const dtl_mesh *m, int nd, const int64_t *shape,
+               const dtl_placement *pl, const int *coord, int64_t *bs, int64_t *bo);
+
 typedef struct {
   const dtl_mesh *sm, *dm; /* source and target meshes (may be the same object) */
   int nd;
   size_t es;
   const int64_t *shape;
+  const dtl__qgeom *qg; /* a quantized part with BLOCK dims (part qpart), whose boxes come from its geometry */
+  int qpart;
   dtl_placement xs[DTL_MAX_MESH_DIMS]; /* source placements (no Partial on a mesh dim of size > 1) */
   dtl_placement yd[DTL_MAX_MESH_DIMS]; /* target placements */
   bool free_dim[DTL_MAX_MESH_DIMS];    /* source mesh dims of size > 1 that replicate: a class spans them */
@@ -37,15 +49,16 @@ typedef struct {
   int *tmark; /* per target mesh rank, for the users of the map (compile.c: which message a box went out in) */
 } dtl__xmap;
 
-/* Sets up the map between meshes sm and dm (same parent) for target placements yd over geom's shape and dtype;
- * the source placements come later (dtl__xmap_source). Allocates; dtl__xmap_free releases. */
+/* Sets up the map between meshes sm and dm (same parent) for target placements yd over geom's shape and dtype (qg,
+ * qpart: the part of a quantized tensor geom is, as dtl__xbox; qg NULL for a plain one); the source placements come
+ * later (dtl__xmap_source). Allocates; dtl__xmap_free releases. */
 dtl_status dtl__xmap_init(dtl__xmap *x, const char *fn, const dtl_layout *geom, const dtl_mesh *sm, const dtl_mesh *dm,
-                          const dtl_placement *yd);
+                          const dtl_placement *yd, const dtl__qgeom *qg, int qpart);
 /* Sets the source placements xs (mesh dims of size 1 are read as R). */
 void dtl__xmap_source(dtl__xmap *x, const dtl_placement *xs);
 void dtl__xmap_free(dtl__xmap *x);
 
-/* The box of source mesh rank r / target mesh rank q. */
+/* The box source mesh rank r owns (what it sends from) / the box of target mesh rank q. */
 void dtl__xmap_src_box(const dtl__xmap *x, int r, int64_t *shape, int64_t *off);
 void dtl__xmap_dst_box(const dtl__xmap *x, int q, int64_t *shape, int64_t *off);
 /* The target mesh rank with q's box whose coordinates on the target's unsharded mesh dims are 0: target ranks with

@@ -74,9 +74,9 @@ dtl_status dtl__tp_input_check(dtl_tp_context *ctx, const char *fn, const dtl_la
   DTL_CHECK_ARG(x != NULL || dtl_layout_local_count(x_layout) == 0, fn, "x=NULL");
   *tokens = T;
   void *full;
-  if (dtl__tp_gathers_input(on_tp)) /* only S(0) (sequence parallel) gathers */
-    DTL_TRY(dtl__tp_scratch(ctx, DTL__TP_WS_INPUT, (size_t)(T * features) * ctx->elem, &full));
-  return DTL_OK;
+  if (!dtl__tp_gathers_input(on_tp)) return DTL_OK; /* only S(0) (sequence parallel) gathers */
+  DTL_TRY(dtl__tp_scratch(ctx, DTL__TP_WS_INPUT, (size_t)(T * features) * ctx->elem, &full));
+  return ctx->fp8_gather ? dtl__tp_fp8_gather_check(ctx, fn, T, features, x) : DTL_OK;
 }
 
 dtl_status dtl__tp_input(dtl_tp_context *ctx, int64_t features, dtl_placement on_tp, const void *x, int64_t tokens,
@@ -85,7 +85,8 @@ dtl_status dtl__tp_input(dtl_tp_context *ctx, int64_t features, dtl_placement on
   if (!dtl__tp_gathers_input(on_tp)) return DTL_OK;
   void *full;
   DTL_TRY(dtl__tp_scratch(ctx, DTL__TP_WS_INPUT, (size_t)(tokens * features) * ctx->elem, &full));
-  DTL_TRY(dtl__tp_gather_tokens(ctx, tokens, features, x, full));
+  DTL_TRY(ctx->fp8_gather ? dtl__tp_fp8_gather(ctx, tokens, features, full)
+                          : dtl__tp_gather_tokens(ctx, tokens, features, x, full));
   *xin = full;
   return DTL_OK;
 }
@@ -141,6 +142,8 @@ dtl_status dtl_tp_sequence_gather(dtl_tp_context *ctx, const dtl_layout *in_layo
   int64_t tokens, features;
   dtl_status st = dtl__tp_half_args(ctx, fn, "in_layout", in_layout, dtl_shard(0), "x_local", x_local, false, "x", x,
                                     true, &tokens, &features);
+  if (st == DTL_OK && ctx->fp8_gather) st = dtl__tp_fp8_gather_check(ctx, fn, tokens, features, x_local);
   DTL_TRY(dtl__agree_checked(ctx->comm, fn, DTL__TP_FP(ctx, fn, tokens, features), st));
-  return dtl__tp_gather_tokens(ctx, tokens, features, x_local, x);
+  return ctx->fp8_gather ? dtl__tp_fp8_gather(ctx, tokens, features, x)
+                         : dtl__tp_gather_tokens(ctx, tokens, features, x_local, x);
 }

@@ -20,7 +20,9 @@ static dtl_status dtl__tp_context_build(const dtl_mesh *mesh, int tp_dim, const 
                                         dtl_tp_context **out) {
   static const char fn[] = "dtl_tp_context_create";
   DTL_CHECK_ARG(tp_dim >= 0 && tp_dim < mesh->ndim, fn, "tp_dim=%d (expected 0..%d)", tp_dim, mesh->ndim - 1);
-  if (opt) DTL_TRY(dtl__tp_check_bits(fn, "opt", opt->mask, DTL__BITS(DTL_TP_OPT_DTYPE), opt->flags, DTL__NO_BITS));
+  if (opt)
+    DTL_TRY(dtl__tp_check_bits(fn, "opt", opt->mask, DTL__BITS(DTL_TP_OPT_DTYPE), opt->flags,
+                               DTL__BITS(DTL_TP_FP8_GATHER)));
   dtl_dtype t = (opt && (opt->mask & DTL_TP_OPT_DTYPE)) ? opt->dtype : DTL_FLOAT32;
   DTL_CHECK_ARG(t == DTL_FLOAT32 || t == DTL_FLOAT16 || t == DTL_BFLOAT16, fn, "dtype=%s (expected f32, f16 or bf16)",
                 dtl_dtype_name(t) ? dtl_dtype_name(t) : "?");
@@ -38,6 +40,7 @@ static dtl_status dtl__tp_context_build(const dtl_mesh *mesh, int tp_dim, const 
   c->comm = mesh->dim_comm[tp_dim];
   c->dtype = t;
   c->elem = dtl_dtype_size(t);
+  c->fp8_gather = opt && (opt->flags & DTL_TP_FP8_GATHER);
   c->counts = counts;
   dtl_status st = dtl__gemm_engine_for_mem(&c->gemm, &c->comm->mem);
   if (st != DTL_OK) {
@@ -60,7 +63,7 @@ dtl_status dtl_tp_context_create(const dtl_mesh *mesh, int tp_dim, const dtl_tp_
   dtl_tp_context *c = NULL;
   dtl_status st = out ? dtl__tp_context_build(mesh, tp_dim, opt, &c)
                       : dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "out=NULL");
-  st = dtl__agree(mesh->comm, fn, st == DTL_OK ? DTL__TP_FP(c, fn, 0) : 0, st);
+  st = dtl__agree(mesh->comm, fn, st == DTL_OK ? DTL__TP_FP(c, fn, c->fp8_gather) : 0, st);
   if (st != DTL_OK) {
     dtl_tp_context_destroy(c);
     return st;

@@ -139,7 +139,7 @@ static dtl_status dtl__tp_qjob_finish(dtl__tp_qjob *j, dtl_tp_qshard **out) {
   dtl_comm *dev = dtl__tp_on_device(j->ctx) ? j->ctx->comm : NULL;
   dtl__st_need need = {false, 0};
   for (int i = 0; i < j->nreads; i++) dtl__st_qsrc_need(j->f, &j->reads[i].q, dev != NULL, &need);
-  dtl__st_scratch sc;
+  dtl__st_scratch sc = {NULL, NULL, 0};
   DTL_TRY_GOTO(dtl__st_scratch_get(j->f, j->fn, &need, &sc), st, fail);
   for (int i = 0; i < j->nreads && st == DTL_OK; i++) {
     const dtl__tp_qread *r = &j->reads[i];
@@ -296,7 +296,7 @@ dtl_status dtl_tp_qweight_read_qkv(const dtl_tp_context *ctx, const dtl_safetens
   DTL_CHECK_ARG((k == NULL) == (v == NULL), fn,
                 "k=%s v=%s (give both for separate q, k, v tensors, or neither for a fused q)", k ? "given" : "NULL",
                 v ? "given" : "NULL");
-  int64_t qn, kn;
+  int64_t qn = 0, kn = 0;
   DTL_TRY(dtl__tp_qhead_dims(fn, q_heads, kv_heads, head_dim, &qn, &kn));
   bool qrep, kvrep;
   DTL_TRY(dtl__tp_qheads(ctx, fn, k ? "q" : "the fused q", false, q_heads, kv_heads, head_dim, &qrep));
@@ -323,7 +323,7 @@ dtl_status dtl_tp_qweight_read_attention_out(const dtl_tp_context *ctx, const dt
   static const char fn[] = "dtl_tp_qweight_read_attention_out";
   DTL_CHECK_ARG(ctx != NULL, fn, "ctx=NULL");
   DTL_CHECK_ARG(prefix != NULL, fn, "prefix=NULL");
-  int64_t qn, kn;
+  int64_t qn = 0, kn = 0;
   DTL_TRY(dtl__tp_qhead_dims(fn, q_heads, kv_heads, head_dim, &qn, &kn));
   bool rep;
   DTL_TRY(dtl__tp_qheads(ctx, fn, "the columns", false, q_heads, kv_heads, head_dim, &rep));

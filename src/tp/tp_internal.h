@@ -18,6 +18,7 @@ typedef enum {
   DTL__TP_WS_ATTN,    /* the attention output of this rank's heads */
   DTL__TP_WS_PARTIAL, /* a row-parallel Partial(sum) addend */
   DTL__TP_WS_COMM,    /* the communication halves' own staging */
+  DTL__TP_WS_FP8,     /* an FP8 sequence gather's packed rows (gather_fp8.c) */
   DTL__TP_WS_QTILE,   /* a quantized projection's dequantized weight tile (qproj.c) */
   DTL__TP_WS_QACT,    /* a quantized projection's FP8 activations and their scale (DTL_TP_FP8_GEMM) */
   DTL__TP_WS_COUNT
@@ -29,6 +30,7 @@ struct dtl_tp_context {
   dtl_comm *comm; /* the TP dim's communicator (owned by the mesh) */
   dtl_dtype dtype;
   size_t elem;
+  bool fp8_gather; /* DTL_TP_FP8_GATHER */
   dtl__gemm_engine gemm;
   void *ws[DTL__TP_WS_COUNT];
   size_t ws_bytes[DTL__TP_WS_COUNT];
@@ -141,12 +143,20 @@ dtl_status dtl__tp_reduce(dtl_tp_context *ctx, int64_t tokens, int64_t features,
                           const void *partial, const void *bias, void *y);
 dtl_status dtl__tp_gather_columns(dtl_tp_context *ctx, int64_t tokens, int64_t features, const void *y_local, void *y);
 dtl_status dtl__tp_gather_tokens(dtl_tp_context *ctx, int64_t tokens, int64_t features, const void *x_local, void *x);
+/* The FP8 token gather (gather_fp8.c), in the same two halves as a layer's input: the check half takes the
+ * DTL__TP_WS_FP8 scratch and quantizes this rank's rows of x_local into it (on the host a NaN or an infinity is
+ * DTL_ERR_INVALID_ARGUMENT naming its global row, fn first), before the agreement; the gather half all-gathers the
+ * packed rows and dequantizes all of them into x. */
+dtl_status dtl__tp_fp8_gather_check(dtl_tp_context *ctx, const char *fn, int64_t tokens, int64_t features,
+                                    const void *x_local);
+dtl_status dtl__tp_fp8_gather(dtl_tp_context *ctx, int64_t tokens, int64_t features, void *x);
 /* The staging bytes dtl__tp_gather_columns takes from DTL__TP_WS_COMM (0: none). */
 size_t dtl__tp_gather_columns_bytes(const dtl_tp_context *ctx, int64_t tokens, int64_t features);
 
 /* The input of a layer, in two halves around the agreement. The check: x_layout ([T, features] with on_tp
- * on the TP dim) and x, and with sequence parallelism (on_tp = S(0)) the scratch of the gathered input;
- * *tokens gets T. The gather: *xin gets the whole [T, features], all-gathered into that scratch under S(0). */
+ * on the TP dim) and x, and with sequence parallelism (on_tp = S(0)) the scratch of the gathered input (with
+ * DTL_TP_FP8_GATHER also dtl__tp_fp8_gather_check); *tokens gets T. The gather: *xin gets the whole
+ * [T, features], all-gathered into that scratch under S(0). */
 dtl_status dtl__tp_input_check(dtl_tp_context *ctx, const char *fn, const dtl_layout *x_layout, int64_t features,
                                dtl_placement on_tp, const void *x, int64_t *tokens);
 dtl_status dtl__tp_input(dtl_tp_context *ctx, int64_t features, dtl_placement on_tp, const void *x, int64_t tokens,

@@ -544,6 +544,10 @@ static void names_and_buffers_are_checked_first(void **state) {
   local_alloc(&x, la);
   assert_int_equal(dtl_safetensors_qread_hf(f, "q8", la, &x.buf), DTL_ERR_UNSUPPORTED);
   assert_non_null(strstr(dtl_last_error(), "GGUF"));
+  const char *q8names[DTL_QUANT_NUM_PARTS] = {"fp8b.weight", NULL, NULL, NULL};
+  assert_int_equal(dtl_safetensors_qread(f, q8names, la, &x.buf), DTL_ERR_UNSUPPORTED);
+  assert_non_null(strstr(dtl_last_error(), "GGUF"));
+  assert_true(local_untouched(&x));
   local_free(&x);
   dtl_qlayout_destroy(la);
   dtl_mesh_destroy(m);

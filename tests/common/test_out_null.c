@@ -90,6 +90,23 @@ static void checkpoint_constructors_refuse_a_null_out(void) {
   snprintf(path, sizeof path, "/tmp/dtl_out_null_%d_%d.safetensors", (int)getpid(), dt_rank);
   EXPECT_OUT_NULL("dtl_safetensors_write_begin", dtl_safetensors_write_begin(path, NULL));
   EXPECT_OUT_NULL("dtl_safetensors_open", dtl_safetensors_open(path, NULL));
+  /* The quantized TP readers hand back a new shard: out is checked before any tensor is looked up. */
+  dtl_safetensors_writer *w = NULL;
+  REQUIRE_OK(dtl_safetensors_write_begin(path, &w));
+  REQUIRE_OK(dtl_safetensors_write_add(w, "x", DTL_FLOAT32, 1, (int64_t[]){4}, g_w));
+  REQUIRE_OK(dtl_safetensors_write_end(w));
+  dtl_safetensors *f = NULL;
+  REQUIRE_OK(dtl_safetensors_open(path, &f));
+  const dtl_quant_format q = {.kind = DTL_QUANT_FP8_TENSOR};
+  const int64_t p = dt_size;
+  EXPECT_OUT_NULL("dtl_tp_qweight_read_column", dtl_tp_qweight_read_column(g_tp, f, &q, "x", p, 4, NULL));
+  EXPECT_OUT_NULL("dtl_tp_qweight_read_row", dtl_tp_qweight_read_row(g_tp, f, &q, "x", 4, p, NULL));
+  EXPECT_OUT_NULL("dtl_tp_qweight_read_qkv", dtl_tp_qweight_read_qkv(g_tp, f, &q, "x", NULL, NULL, p, p, 1, 4, NULL));
+  EXPECT_OUT_NULL("dtl_tp_qweight_read_attention_out",
+                  dtl_tp_qweight_read_attention_out(g_tp, f, &q, "x", p, p, 1, 4, NULL));
+  EXPECT_OUT_NULL("dtl_tp_qweight_read_gate_up", dtl_tp_qweight_read_gate_up(g_tp, f, &q, "x", NULL, p, 4, NULL));
+  EXPECT_OUT_NULL("dtl_tp_qweight_read_experts", dtl_tp_qweight_read_experts(g_tp, f, &q, "x.", ".w", p, 4, 4, NULL));
+  dtl_safetensors_close(f);
   remove(path);
 }
 

@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Out of memory at every allocation of every MoE entry point (tests/common/dt_oom.h): the router, the
  * placement, the layout (agreed: one rank's failure fails every rank), and the first dispatch, experts
- * (the MLP expert's scratch) and combine of a fresh layout, with both exchanges, with the failure on every
- * rank and on one. Each failure is DTL_ERR_OUT_OF_MEMORY (or the agreed error), frees what it allocated,
- * writes no output, and the next call works. Runs at 1 and 2 ranks with DTL_CHECK=1. */
+ * (the MLP expert's scratch) and combine of a fresh layout, with both exchanges, plain and FP8 dispatch
+ * (DTL_MOE_LAYOUT_FP8_DISPATCH), with the failure on every rank and on one. Each failure is
+ * DTL_ERR_OUT_OF_MEMORY (or the agreed error), frees what it allocated, writes no output, and the next call
+ * works. Runs at 1 and 2 ranks with DTL_CHECK=1. */
 #include "dt_oom.h"
 #include "dtl/moe.h"
 
@@ -22,6 +23,7 @@ typedef enum { K_ROUTER, K_PLACEMENT, K_LAYOUT, K_DISPATCH, K_EXPERTS, K_COMBINE
 typedef struct {
   kind k;
   dtl_moe_exchange exchange;
+  bool fp8;
   float logits[T * E], x[T * H], weights[T * K], w_out[T * K];
   int32_t ids[T * K], ids_out[T * K];
   dtl_moe_placement *placement, *made_placement;
@@ -34,7 +36,8 @@ typedef struct {
 
 static void fresh(ctx *x) {
   REQUIRE_OK(dtl_moe_placement_create(E, dt_size, NULL, &x->placement));
-  dtl_moe_layout_params lp = {.mask = DTL_MOE_LAYOUT_EXCHANGE, .exchange = x->exchange};
+  dtl_moe_layout_params lp = {.mask = DTL_MOE_LAYOUT_EXCHANGE, .flags = x->fp8 ? DTL_MOE_LAYOUT_FP8_DISPATCH : 0,
+                              .exchange = x->exchange};
   REQUIRE_OK(dtl_moe_layout_create(world, x->placement, T, K, x->ids, x->weights, H, DTL_FLOAT32, &lp, &x->L));
   int64_t rows = dtl_moe_layout_expert_rows(x->L);
   x->expert_in = malloc(sizeof(float) * (size_t)(rows * H) + 4);
@@ -94,6 +97,7 @@ static dtl_status call(void *v) {
     case K_PLACEMENT: return dtl_moe_placement_create(E, dt_size, NULL, &x->made_placement);
     case K_LAYOUT: {
       dtl_moe_layout_params lp = {.mask = DTL_MOE_LAYOUT_EXCHANGE | DTL_MOE_LAYOUT_CAPACITY_FACTOR,
+                                  .flags = x->fp8 ? DTL_MOE_LAYOUT_FP8_DISPATCH : 0,
                                   .exchange = x->exchange,
                                   .capacity_factor = 1.0};
       return dtl_moe_layout_create(world, x->placement, T, K, x->ids, x->weights, H, DTL_FLOAT32, &lp, &x->made_layout);
@@ -121,15 +125,18 @@ static void every_moe_entry_point_survives_each_failed_allocation_on_any_rank(vo
   for (int i = 0; i < T * H; i++) x.x[i] = (float)((i * 3) % 7) - 3;
   for (int i = 0; i < 3 * E * F * H; i++) x.weights_mlp[i] = (float)((i * 5) % 9) / 16.0f - 0.25f;
   REQUIRE_OK(dtl_moe_router_topk(x.logits, T, E, K, NULL, x.ids, x.weights));
-  for (int ex = 0; ex < 2; ex++) {
-    x.exchange = ex ? DTL_MOE_EXCHANGE_SINGLE : DTL_MOE_EXCHANGE_PER_EXPERT;
+  for (int ex = 0; ex < 4; ex++) {
+    x.exchange = ex % 2 ? DTL_MOE_EXCHANGE_SINGLE : DTL_MOE_EXCHANGE_PER_EXPERT;
+    x.fp8 = ex >= 2;
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
       if (ex && cases[i].k < K_LAYOUT) continue; /* no exchange involved */
+      if (x.fp8 && cases[i].k == K_EXPERTS) continue; /* the experts see dtype rows either way */
       char what[96];
-      snprintf(what, sizeof what, "%s%s", cases[i].what,
+      snprintf(what, sizeof what, "%s%s%s", cases[i].what,
                cases[i].k < K_LAYOUT ? ""
-               : ex                  ? " (single exchange)"
-                                     : " (per-expert exchange)");
+               : ex % 2              ? " (single exchange)"
+                                     : " (per-expert exchange)",
+               x.fp8 ? " FP8" : "");
       x.k = cases[i].k;
       fresh(&x);
       const dt_oom_case c = {.what = what,

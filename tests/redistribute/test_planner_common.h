@@ -7,6 +7,18 @@
 #ifndef TEST_PLANNER_COMMON_H
 #define TEST_PLANNER_COMMON_H
 
+/* Whether the test runs under AddressSanitizer (gcc spells it __SANITIZE_ADDRESS__, clang __has_feature). */
+#if defined(__SANITIZE_ADDRESS__)
+#define TP_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TP_SANITIZED 1
+#endif
+#endif
+#ifndef TP_SANITIZED
+#define TP_SANITIZED 0
+#endif
+
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -146,7 +158,7 @@ static inline bool tp_exchange_from(const dtl_layout *src, const dtl_placement *
 static inline int64_t tp_exchange_ps_bytes(const dtl_layout *src, const dtl_layout *dst, const dtl_cost_model *c,
                                            const dtl_placement *pl, int rounds, uint64_t *bytes) {
   dtl__xmap x;
-  if (dtl__xmap_init(&x, "test", src, src->mesh, dst->mesh, dst->placements) != DTL_OK) fail_msg("%s", dtl_last_error());
+  if (dtl__xmap_init(&x, "test", src, src->mesh, dst->mesh, dst->placements, NULL, 0) != DTL_OK) fail_msg("%s", dtl_last_error());
   dtl__xmap_source(&x, pl);
   dtl__xvolume v;
   dtl__xmap_volume_max(&x, &v);

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Out of memory at every allocation of every tensor-parallel entry point (tests/common/dt_oom.h): the
  * context, each layer's creation and its first forward (later ones allocate nothing: test_tp_allocs), the
- * KV cache and a cached forward with RoPE, the communication halves and top-k/argmax, with the failure on
+ * KV cache and a cached forward with RoPE, the communication halves and top-k/argmax, the FP8 sequence gathers
+ * (DTL_TP_FP8_GATHER) of a sequence-parallel layer and of the half, with the failure on
  * every rank and on one (a failed cached forward must also leave the cache's length as it was). Each
  * failure is DTL_ERR_OUT_OF_MEMORY (or the agreed error), frees what it allocated, writes no output, and the
  * next call works. Runs at 1 and 2 ranks with DTL_CHECK=1. */
@@ -37,6 +38,7 @@ typedef enum {
 typedef struct {
   kind k;
   bool create; /* the creation under test (else the first forward of a layer made beforehand) */
+  bool fp8;    /* the context has DTL_TP_FP8_GATHER */
   dtl_tp_context *ctx, *made_ctx;
   void *layer; /* the kind's layer: made by the creation under test, or beforehand */
   dtl_tp_attention *attn; /* the block of the KV cache under creation, made beforehand */
@@ -108,7 +110,8 @@ static void destroy_layer(kind k, void *l) {
 
 /* The context, the layer (unless its creation is under test), and the input and output layouts. */
 static void fresh(ctx *x) {
-  REQUIRE_OK(dtl_tp_context_create(mesh, 0, NULL, &x->ctx));
+  dtl_tp_options o = {.flags = x->fp8 ? DTL_TP_FP8_GATHER : 0};
+  REQUIRE_OK(dtl_tp_context_create(mesh, 0, &o, &x->ctx));
   x->made_ctx = POISON;
   x->layer = POISON;
   x->attn = NULL;
@@ -183,7 +186,7 @@ static void every_tp_entry_point_survives_each_failed_allocation_on_any_rank(voi
   static const struct {
     kind k;
     bool create;
-    const char *what;
+    const char *what; /* "(FP8)" in it: on a context with DTL_TP_FP8_GATHER */
   } cases[] = {
       {K_CONTEXT, true, "dtl_tp_context_create"},
       {K_COLUMN, true, "dtl_tp_linear_create (column, sp, gathered)"},
@@ -201,6 +204,8 @@ static void every_tp_entry_point_survives_each_failed_allocation_on_any_rank(voi
       {K_REDUCE, false, "dtl_tp_row_parallel_reduce (to S(0)), first"},
       {K_GATHER, false, "dtl_tp_column_parallel_gather, first"},
       {K_SEQ, false, "dtl_tp_sequence_gather, first"},
+      {K_SEQ, false, "dtl_tp_sequence_gather (FP8), first"},
+      {K_COLUMN, false, "dtl_tp_linear_forward (column, sp, gathered) (FP8), first"},
       {K_KVCACHE, true, "dtl_tp_kv_cache_create"},
       {K_CACHED, false, "dtl_tp_attention_forward_cached (RoPE), first"},
   };
@@ -211,6 +216,7 @@ static void every_tp_entry_point_survives_each_failed_allocation_on_any_rank(voi
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
     x.k = cases[i].k;
     x.create = cases[i].create;
+    x.fp8 = strstr(cases[i].what, "(FP8)") != NULL;
     fresh(&x);
     const dt_oom_case c = {.what = cases[i].what,
                            .call = call,

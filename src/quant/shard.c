@@ -63,10 +63,13 @@ dtl_status dtl__qshard_own_create(const char *fn, const dtl__mem *mem, const dtl
     DTL_TRY_GOTO(dtl__mem_copy_box(mem, src_parts[p], o->part[p], &b), st, fail);
   }
   dtl__qshard_init(&o->s, &o->g, shape, off, (const void *const *)o->part);
-  DTL_TRY_GOTO(dtl__qshard_own_check(fn, o), st, fail);
+  if ((st = dtl__qshard_own_check(fn, o)) != DTL_OK) { /* its message names fn already */
+    dtl__qshard_own_destroy(o);
+    return st;
+  }
   *out = o;
   return DTL_OK;
 fail:
   dtl__qshard_own_destroy(o);
-  return st;
+  return dtl__error_prefix(st, "%s", fn);
 }

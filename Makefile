@@ -49,7 +49,7 @@ demo:
 	@$(SUBMAKE) setup
 	@$(SUBMAKE) build
 	DTL_CHECK=1 $(MPIRUN) -n $(NP) $(BUILD)/examples/collectives
-	@for ex in quickstart tp_transformer moe context_parallel generate pipeline kv_transfer; do \
+	@for ex in quickstart tp_transformer quantized moe context_parallel generate pipeline kv_transfer; do \
 	  if [ -x $(BUILD)/examples/$$ex ]; then echo "== $$ex on $(NP) ranks"; \
 	    DTL_CHECK=1 $(MPIRUN) -n $(NP) $(BUILD)/examples/$$ex || exit 1; fi; done
 

@@ -51,8 +51,8 @@ static void parse_args(int argc, char **argv) {
     if (a[0] != '-' || !a[1] || a[2] || !v) {
       if (rank == 0)
         fprintf(stderr, "usage: dtl_coll_perf [-b min] [-e max] [-f factor] [-n iters] [-w warmup] [-c 0|1] "
-                        "[-o sum|prod|max|min|avg] [-d f32|f64|f16|bf16|i8|u8|i32|i64] [-r root] [-t coll|all] "
-                        "[-s min|median]\n");
+                        "[-o sum|prod|max|min|avg] [-d f32|f64|f16|bf16|i8|u8|i32|i64|f8e4m3|f8e5m2] [-r root] "
+                        "[-t coll|all] [-s min|median]\n");
       MPI_Abort(MPI_COMM_WORLD, 2);
     }
     i++;
@@ -96,16 +96,27 @@ static void parse_args(int argc, char **argv) {
 
 /* --- the two implementations of each call --------------------------------------------------------------------- */
 static MPI_Datatype mpi_type(dtl_dtype t) {
-  static const MPI_Datatype types[] = {MPI_FLOAT, MPI_DOUBLE, MPI_UINT16_T, MPI_UINT16_T,
-                                       MPI_INT8_T, MPI_UINT8_T, MPI_INT32_T, MPI_INT64_T};
-  return types[t];
+  switch (t) {
+    case DTL_FLOAT32: return MPI_FLOAT;
+    case DTL_FLOAT64: return MPI_DOUBLE;
+    case DTL_FLOAT16: /* fall through */
+    case DTL_BFLOAT16: return MPI_UINT16_T;
+    case DTL_INT8: return MPI_INT8_T;
+    case DTL_UINT8: /* fall through */
+    case DTL_FLOAT8_E4M3: /* fall through */
+    case DTL_FLOAT8_E5M2: return MPI_UINT8_T;
+    case DTL_INT32: return MPI_INT32_T;
+    case DTL_INT64: break;
+  }
+  return MPI_INT64_T;
 }
 
-/* MPI has no f16/bf16 reductions (dtl brings its own ops), so those have no raw counterpart. DTL_AVG's raw
- * counterpart is the MPI_SUM dtl calls; its division is part of what dtl adds. */
+/* MPI has no f16/bf16 or 8-bit float reductions (dtl brings its own ops), so those have no raw counterpart.
+ * DTL_AVG's raw counterpart is the MPI_SUM dtl calls; its division is part of what dtl adds. */
 static bool raw_available(coll k) {
   bool reduces = k == REDUCE || k == ALL_REDUCE || k == REDUCE_SCATTER;
-  return !(reduces && (opt.t == DTL_FLOAT16 || opt.t == DTL_BFLOAT16));
+  bool own_ops = opt.t == DTL_FLOAT16 || opt.t == DTL_BFLOAT16 || opt.t == DTL_FLOAT8_E4M3 || opt.t == DTL_FLOAT8_E5M2;
+  return !(reduces && own_ops);
 }
 
 static MPI_Op mpi_op(dtl_reduce_op op) {
@@ -166,6 +177,8 @@ static void put(void *buf, size_t i, double v) {
     case DTL_UINT8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
     case DTL_INT32: ((int32_t *)buf)[i] = (int32_t)v; break;
     case DTL_INT64: ((int64_t *)buf)[i] = (int64_t)v; break;
+    case DTL_FLOAT8_E4M3: ((uint8_t *)buf)[i] = dtl_f32_to_f8e4m3((float)v); break;
+    case DTL_FLOAT8_E5M2: ((uint8_t *)buf)[i] = dtl_f32_to_f8e5m2((float)v); break;
   }
 }
 
@@ -178,8 +191,11 @@ static double get(const void *buf, size_t i) {
     case DTL_INT8: return ((const int8_t *)buf)[i];
     case DTL_UINT8: return ((const uint8_t *)buf)[i];
     case DTL_INT32: return ((const int32_t *)buf)[i];
-    default: return (double)((const int64_t *)buf)[i];
+    case DTL_FLOAT8_E4M3: return dtl_f8e4m3_to_f32(((const uint8_t *)buf)[i]);
+    case DTL_FLOAT8_E5M2: return dtl_f8e5m2_to_f32(((const uint8_t *)buf)[i]);
+    case DTL_INT64: break;
   }
+  return (double)((const int64_t *)buf)[i];
 }
 
 /* The reduction of element i over the ranks, with DTL_AVG's documented rounding. */

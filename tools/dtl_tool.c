@@ -41,7 +41,8 @@ static const char usage[] =
     "  help  this text (also --help, -h)\n"
     "\n"
     "placements: one per mesh dim, comma-separated: R, S(d) or Sd (d may be negative), P or P(op)\n"
-    "with op sum, prod, max, min, avg. dtypes: f32 f64 f16 bf16 i8 u8 i32 i64 (default f32).\n"
+    "with op sum, prod, max, min, avg. dtypes: f32 f64 f16 bf16 i8 u8 i32 i64 f8e4m3 f8e5m2 (default\n"
+    "f32; the 8-bit floats hold P(max) and P(min) only: any other reduction would round at every step).\n"
     "exit status: 0 done, 1 the request cannot be done (e.g. an unsupported transition), 2 bad arguments.\n";
 
 /* Where the command writes (stdout and stderr for the program), set by dtl_tool_main. */

@@ -22,9 +22,9 @@
  *   [4,8] needs 128
  * Extra fields of an entry are ignored; bytes of the data buffer that no tensor claims are allowed.
  *
- * Dtypes: F32, F64, F16, BF16, I8, U8, I32, I64 map to the dtl dtypes. BOOL, I16, U16, U32, U64, C64 and the
- * 8-bit floats F8_E4M3, F8_E5M2, F8_E8M0 are valid in a file (listed, sized, validated) but have no dtl
- * dtype: info and read return DTL_ERR_UNSUPPORTED naming it, and dtl_safetensors_dtype_name spells it. Any
+ * Dtypes: F32, F64, F16, BF16, I8, U8, I32, I64, F8_E4M3 (e4m3fn) and F8_E5M2 map to the dtl dtypes. BOOL, I16,
+ * U16, U32, U64, C64 and F8_E8M0 are valid in a file (listed, sized, validated) but have no dtl dtype: info and
+ * read return DTL_ERR_UNSUPPORTED naming it, and dtl_safetensors_dtype_name spells it. Any
  * other dtype string makes the file invalid. Nothing is ever converted: a read whose dtype differs from the
  * file's is DTL_ERR_INVALID_ARGUMENT naming both.
  *

@@ -33,7 +33,9 @@ DTL_API dtl_status dtl_placements_format(const dtl_placement *p, int count, char
 typedef struct dtl_layout dtl_layout;
 
 /* placements has dtl_mesh_ndim(m) entries. Shard dims are normalised (negative -> from the end) and must
- * be in range; Partial ops must suit the dtype; global dims >= 0 (zero allowed); the element count and the
+ * be in range; Partial ops must suit the dtype (DTL_ERR_UNSUPPORTED: P(avg) on an integer dtype; on the 8-bit floats
+ * P(sum), P(prod) and P(avg), which would round at every step, and P(max)/P(min) on a mesh whose transport cannot
+ * reduce them, types.h); global dims >= 0 (zero allowed); the element count and the
  * byte size must fit in int64_t and size_t. The layout keeps a reference to m. */
 DTL_API dtl_status dtl_layout_create(const dtl_mesh *m, dtl_dtype t, int ndim, const int64_t *global_shape,
                                      const dtl_placement *placements, dtl_layout **out);

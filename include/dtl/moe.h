@@ -29,6 +29,7 @@
 #define DTL_MOE_H
 
 #include "dtl/comm.h"
+#include "dtl/quant.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -253,6 +254,31 @@ typedef struct {
   const float *const *w_down;
 } dtl_moe_mlp;
 DTL_API dtl_status dtl_moe_mlp_forward(const dtl_moe_expert_batch *b, void *mlp);
+
+/* The same expert on quantized weights (<dtl/quant.h>): gate and up [experts, ffn, hidden] and down [experts,
+ * hidden, ffn], each a 3-D quantized tensor whose leading dim is the global expert id, in any format. Each
+ * layout's local box on this rank (host memory: the parts in *_local) must hold whole matrices of the experts
+ * it covers, and those must include every expert this rank runs: e.g. S(0) on a mesh of the expert-parallel
+ * ranks, which matches the contiguous dtl_moe_placement (owner NULL), or Replicate for any placement.
+ * dtl_moe_qmlp_create copies the three boxes (the weights are borrowed) and checks them once (every scale
+ * finite, zero points and g_idx in range); it is local (no communication). A NULL layout or part buffer, another
+ * shape, a box that cuts the matrices, device memory, a NaN scale: DTL_ERR_INVALID_ARGUMENT (device memory:
+ * DTL_ERR_UNSUPPORTED) naming the field, and nothing is created.
+ * dtl_moe_qmlp_forward is the dtl_moe_expert_fn: dtl_moe_experts_run(L, in, out, dtl_moe_qmlp_forward, qmlp)
+ * gives dtl_moe_mlp_forward's result on the dequantized weights up to f32 rounding. On the host, f32; each
+ * weight is dequantized one tile of at most 128 x 512 elements at a time, in the layout's expert scratch after
+ * the activations. An expert outside the boxes is DTL_ERR_INVALID_ARGUMENT naming it. */
+typedef struct {
+  uint64_t mask;  /* no optional fields yet: 0 */
+  uint64_t flags; /* none defined yet: 0 */
+  int64_t hidden, ffn;
+  const dtl_qlayout *gate, *up, *down;
+  dtl_qbuf gate_local, up_local, down_local;
+} dtl_moe_qmlp_params;
+typedef struct dtl_moe_qmlp dtl_moe_qmlp;
+DTL_API dtl_status dtl_moe_qmlp_create(const dtl_moe_qmlp_params *p, dtl_moe_qmlp **out);
+DTL_API dtl_status dtl_moe_qmlp_forward(const dtl_moe_expert_batch *b, void *qmlp);
+DTL_API void dtl_moe_qmlp_destroy(dtl_moe_qmlp *m);
 
 #ifdef __cplusplus
 }

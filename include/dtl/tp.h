@@ -71,6 +71,11 @@ typedef struct dtl_tp_context dtl_tp_context;
 #define DTL_TP_SHARDED_WEIGHTS DTL_BIT(4)
 #define DTL_TP_ROPE DTL_BIT(5) /* mask, attention: rope_theta is read: rotary position embedding on q and k */
 #define DTL_TP_FP8_GATHER DTL_BIT(6) /* flags, options: sequence-parallel gathers move FP8 (below) */
+/* mask, linear/MLP/attention: the layer's weights are quantized (dtl_tp_qweight, "Layers on quantized weights"
+ * below): its q* fields are read, and its dense weight pointers must be NULL (biases stay dense). */
+#define DTL_TP_QUANT_WEIGHTS DTL_BIT(7)
+/* flags, with DTL_TP_QUANT_WEIGHTS: FP8 x FP8 GEMMs where the device has them (see there). */
+#define DTL_TP_FP8_GEMM DTL_BIT(8)
 
 typedef struct {
   uint64_t mask;   /* DTL_TP_OPT_DTYPE */
@@ -244,6 +249,39 @@ DTL_API const dtl_tp_qweight *dtl_tp_qshard_weight(const dtl_tp_qshard *s, int i
 /* Frees the buffers and layouts; accepts NULL. */
 DTL_API void dtl_tp_qshard_destroy(dtl_tp_qshard *s);
 
+/* Layers on quantized weights. With DTL_TP_QUANT_WEIGHTS in mask, dtl_tp_linear/mlp/attention_create take their
+ * weights as quantized sub-weights (the params' q* fields) instead of dense arrays; inputs, outputs, layouts,
+ * collectives and biases (dense, sharded or not by DTL_TP_SHARDED_WEIGHTS as for a dense layer) are the dense
+ * layer's. Each sub-weight must be
+ * - on the context's mesh, a 2-D [out, in] matrix of its stated shape, in any format of <dtl/quant.h>;
+ * - cut so that this rank's local box holds the box of it the rank computes with, with every column
+ *   (column-parallel: linear, gate, up, q, k, v; the rows of its chunk(out), chunk(ffn) or heads) or every row
+ *   (row-parallel: linear, down, out; the columns of its chunk(in), chunk(ffn) or q heads): S(0), resp. S(1), on
+ *   the TP mesh dim (the layer's own cut: a dtl_qlayout with the dense layer's placements), or Replicate (the
+ *   rank then keeps only its box, e.g. its kv heads when tp > kv_heads); Replicate on the other mesh dims. The
+ *   box's edges must fall on the format's packing units (an S cut always does; a head boundary inside a
+ *   Replicate AWQ/GPTQ tensor may not).
+ * The layer copies that box of every part into its own memory (the weight is borrowed: free it after creation)
+ * and checks it once: every scale finite, zero points and g_idx in range. Bad input (a NULL sub-weight, layout
+ * or part buffer, another mesh, another shape, a box that lacks rows or columns the rank needs: a wrong cut, a
+ * packing unit cut, a NaN or infinite scale, a dense weight pointer besides) is DTL_ERR_INVALID_ARGUMENT naming
+ * the field and the numbers, on every rank, and nothing is created.
+ * A forward then computes the dense layer on dequantize(W), up to f32 rounding and summation order: the weight is
+ * dequantized one tile at a time into the context's scratch and multiplied by the whole token block before the
+ * next tile overwrites it, so no dense weight is ever held. Host: tiles of at most 128 rows x 512 columns
+ * (256 KiB of f32) by the f32 tile kernel, OpenBLAS GEMMs (f32 contexts). Device: tiles of at most 4 Mi
+ * elements (whole weight rows) by the CUDA tile kernel (f32, then rounded once to a half context's dtype), cuBLAS
+ * GEMMs; the tile (and its f32 staging) lives in the context's grow-only scratch, so a warm forward allocates
+ * nothing. A device context checks the scales at creation through a host copy of the rank's box.
+ * DTL_TP_FP8_GEMM: on a device of compute capability 8.9 or later (a CUDA of 11.8 or later), each FP8_TENSOR
+ * sub-weight with e4m3 codes whose box on this rank has a multiple of 16 rows and of 16 columns multiplies in FP8
+ * on cuBLASLt: the forward quantizes its input per call to e4m3 with one scale, amax / 448 (1 for an all-zero
+ * input), and cuBLASLt computes codes(x) codes(W)^T with f32 accumulation times both scales. That result differs
+ * from the dense layer on dequantize(W) by the input's e4m3 rounding (each element within 2^-4 relative, or the
+ * scale times 2^-10 absolute), which is why it is asked for and not automatic. Every other sub-weight, a call
+ * whose output cuBLASLt cannot take (16-byte alignment of y's columns and leading dim), and a host context run the
+ * tiled path as without the flag. */
+
 /* ---------------------------------------------------------------------------------------------------- */
 /* Communication halves: exactly the collective of each layer, on caller buffers [tokens, features].   */
 /* The full layers below use these. Each checks the given layout against what it can take.              */
@@ -277,12 +315,14 @@ typedef enum { DTL_TP_COLUMN = 0, DTL_TP_ROW = 1 } dtl_tp_linear_kind;
  * Row:    weight sharded on in. Input S(1) ([T, in]); output R (all-reduce), or S(0) with
  *         SEQUENCE_PARALLEL (reduce-scatter on tokens); the bias is added once after the reduction. */
 typedef struct {
-  uint64_t mask;  /* no optional fields yet: 0 */
-  uint64_t flags; /* DTL_TP_SEQUENCE_PARALLEL, DTL_TP_GATHER_OUTPUT (column only), DTL_TP_SHARDED_WEIGHTS */
+  uint64_t mask;  /* DTL_TP_QUANT_WEIGHTS */
+  uint64_t flags; /* DTL_TP_SEQUENCE_PARALLEL, DTL_TP_GATHER_OUTPUT (column only), DTL_TP_SHARDED_WEIGHTS,
+                   * DTL_TP_FP8_GEMM (with DTL_TP_QUANT_WEIGHTS) */
   dtl_tp_linear_kind kind;
   int64_t in_features, out_features;
-  const void *weight; /* dense [out, in] (SHARDED_WEIGHTS: shard_column/row's shard); required */
+  const void *weight; /* dense [out, in] (SHARDED_WEIGHTS: shard_column/row's shard); required unless quantized */
   const void *bias;   /* dense [out] (SHARDED_WEIGHTS: column: its column shard; row: the whole [out]); NULL = none */
+  const dtl_tp_qweight *qweight; /* with DTL_TP_QUANT_WEIGHTS: [out, in], column: S(0), row: S(1) (or R) */
 } dtl_tp_linear_params;
 typedef struct dtl_tp_linear dtl_tp_linear;
 DTL_API dtl_status dtl_tp_linear_create(dtl_tp_context *ctx, const dtl_tp_linear_params *p, dtl_tp_linear **out);
@@ -300,15 +340,19 @@ typedef enum {
 /* MLP block: [T, hidden] -> column (gate/up) -> activation -> row (down) -> [T, hidden]. Input and output R,
  * one all-reduce; with SEQUENCE_PARALLEL both S(0), one all-gather in and one reduce-scatter out. */
 typedef struct {
-  uint64_t mask;  /* no optional fields yet: 0 */
+  uint64_t mask;  /* DTL_TP_QUANT_WEIGHTS */
   uint64_t flags; /* DTL_TP_SEQUENCE_PARALLEL, DTL_TP_SHARDED_WEIGHTS (gate_up: shard_gate_up's or for GELU
-                   * shard_column's shard; down: shard_row's; gate_up_bias: sharded the same way; down_bias: whole) */
+                   * shard_column's shard; down: shard_row's; gate_up_bias: sharded the same way; down_bias: whole),
+                   * DTL_TP_FP8_GEMM */
   dtl_tp_activation activation;
   int64_t hidden, ffn;
   const void *gate_up;      /* SILU_GATED: fused [2 ffn, hidden] (gate rows, then up rows); GELU: [ffn, hidden] */
   const void *down;         /* [hidden, ffn] */
   const void *gate_up_bias; /* [2 ffn] or [ffn]; NULL = none */
   const void *down_bias;    /* [hidden]; NULL = none */
+  /* With DTL_TP_QUANT_WEIGHTS (gate_up and down NULL): gate, up [ffn, hidden] (column-parallel; GELU: up only,
+   * qgate NULL) and down [hidden, ffn] (row-parallel). */
+  const dtl_tp_qweight *qgate, *qup, *qdown;
 } dtl_tp_mlp_params;
 typedef struct dtl_tp_mlp dtl_tp_mlp;
 DTL_API dtl_status dtl_tp_mlp_create(dtl_tp_context *ctx, const dtl_tp_mlp_params *p, dtl_tp_mlp **out);
@@ -328,9 +372,9 @@ DTL_API void dtl_tp_mlp_destroy(dtl_tp_mlp *m);
  * turns (no partial rotary dims) and no frequency scaling is applied (Llama 3 / YaRN scaling: turn the
  * projections yourself). A forward without a cache puts its tokens at positions 0..T-1. */
 typedef struct {
-  uint64_t mask;  /* DTL_TP_SCALE, DTL_TP_ROPE */
+  uint64_t mask;  /* DTL_TP_SCALE, DTL_TP_ROPE, DTL_TP_QUANT_WEIGHTS */
   uint64_t flags; /* DTL_TP_SEQUENCE_PARALLEL, DTL_TP_SHARDED_WEIGHTS (qkv and qkv_bias: shard_qkv's shards;
-                   * out: shard_attention_out's; out_bias: whole) */
+                   * out: shard_attention_out's; out_bias: whole), DTL_TP_FP8_GEMM */
   int64_t hidden, q_heads, kv_heads, head_dim;
   const void *qkv;      /* fused [(q_heads + 2 kv_heads) * head_dim, hidden] */
   const void *out;      /* [hidden, q_heads * head_dim] */
@@ -338,6 +382,12 @@ typedef struct {
   const void *out_bias; /* [hidden]; NULL = none */
   float scale;          /* with DTL_TP_SCALE */
   float rope_theta;     /* with DTL_TP_ROPE: the base, finite and > 0 (Llama 2: 10000, Llama 3: 500000) */
+  /* With DTL_TP_QUANT_WEIGHTS (qkv and out NULL): q [q_heads * head_dim, hidden], k and v [kv_heads * head_dim,
+   * hidden] (column-parallel by heads: this rank's heads' rows; with tp > kv_heads also dtl_tp_qweight_read_qkv's
+   * repeat_kv form [tp * head_dim, hidden], rank r's kv head in rows [r, r + 1) x head_dim) and out [hidden,
+   * q_heads * head_dim] (row-parallel: its q heads' columns). dtl_tp_qweight_read_qkv's and _attention_out's
+   * sub-weights go here as they are. */
+  const dtl_tp_qweight *qq, *qk, *qv, *qout;
 } dtl_tp_attention_params;
 typedef struct dtl_tp_attention dtl_tp_attention;
 DTL_API dtl_status dtl_tp_attention_create(dtl_tp_context *ctx, const dtl_tp_attention_params *p,

@@ -18,8 +18,8 @@ static const dtl__st_dtype dtl__st_dtypes[] = {
     {"F32", 4, DTL_FLOAT32},  {"F64", 8, DTL_FLOAT64}, {"F16", 2, DTL_FLOAT16}, {"BF16", 2, DTL_BFLOAT16},
     {"I8", 1, DTL_INT8},      {"U8", 1, DTL_UINT8},    {"I32", 4, DTL_INT32},   {"I64", 8, DTL_INT64},
     {"BOOL", 1, -1},          {"I16", 2, -1},          {"U16", 2, -1},          {"U32", 4, -1},
-    {"U64", 8, -1},           {"C64", 8, -1},          {"F8_E4M3", 1, -1},      {"F8_E5M2", 1, -1},
-    {"F8_E8M0", 1, -1},
+    {"U64", 8, -1},           {"C64", 8, -1},          {"F8_E4M3", 1, DTL_FLOAT8_E4M3},
+    {"F8_E5M2", 1, DTL_FLOAT8_E5M2},                    {"F8_E8M0", 1, -1},
 };
 #define DTL__ST_NDTYPES (sizeof dtl__st_dtypes / sizeof dtl__st_dtypes[0])
 static const char dtl__st_dtype_list[] = "F32, F64, F16, BF16, I8, U8, I32, I64, BOOL, I16, U16, U32, U64, C64, "

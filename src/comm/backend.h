@@ -115,6 +115,9 @@ struct dtl_comm {
    * until the transport learns better). Learned when the communicator is made (transports: mpi.c, nccl.c). */
   int *node;
   int nnodes;
+  /* Why this communicator cannot reduce the 8-bit floats with max and min (NULL: it can), set by the transport when
+   * it makes the communicator (nccl.c: an NCCL or a device without FP8 reductions); the text lives in impl. */
+  const char *fp8_reduce_refusal;
   void *impl; /* the backend's state */
 };
 
@@ -134,6 +137,10 @@ static inline bool dtl__ptr_at(const void *p, const void *base, size_t offset_by
 static inline bool dtl__overlap(const void *a, size_t a_bytes, const void *b, size_t b_bytes) {
   return a_bytes && b_bytes && (uintptr_t)a < (uintptr_t)b + b_bytes && (uintptr_t)b < (uintptr_t)a + a_bytes;
 }
+
+/* Why c cannot reduce t with op (NULL: it can): the 8-bit floats' rule (dtl__reduce_rounds, its text in buf) or c's
+ * refusal of their max and min. c may be NULL (an abstract mesh: the dtype's rule alone). */
+const char *dtl__comm_reduce_refusal(const dtl_comm *c, dtl_dtype t, dtl_reduce_op op, char *buf, size_t cap);
 
 /* Allocates a dtl_comm around impl whose buffers live in mem (the backend fills the rest); reads DTL_CHECK. Its
  * node table starts as one node. */

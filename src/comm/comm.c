@@ -124,9 +124,20 @@ static dtl_status dtl__check_common(const char *fn, dtl_comm *c, dtl_dtype t) {
   return DTL_OK;
 }
 
-static dtl_status dtl__check_op(const char *fn, dtl_reduce_op op) {
+const char *dtl__comm_reduce_refusal(const dtl_comm *c, dtl_dtype t, dtl_reduce_op op, char *buf, size_t cap) {
+  if (dtl__reduce_rounds(t, op, buf, cap)) return buf;
+  return dtl__dtype_is_fp8(t) && c ? c->fp8_reduce_refusal : NULL;
+}
+
+/* A valid op that reduces t on c (after dtl__check_common). */
+static dtl_status dtl__check_op(const char *fn, const dtl_comm *c, dtl_dtype t, dtl_reduce_op op) {
   if (!dtl__reduce_op_valid(op))
     return dtl__error(DTL_ERR_INVALID_ARGUMENT, "%s: op=%d (expected DTL_SUM..DTL_AVG)", fn, (int)op);
+  char why[256];
+  const char *no = dtl__comm_reduce_refusal(c, t, op, why, sizeof why);
+  if (no)
+    return dtl__error(DTL_ERR_UNSUPPORTED, "%s: op=%s on dtype %s is unsupported: %s", fn, dtl_reduce_op_name(op),
+                      dtl_dtype_name(t), no);
   return DTL_OK;
 }
 
@@ -290,7 +301,7 @@ static dtl_status dtl__args_reduce(const char *fn, dtl_comm *c, const void *send
                                    dtl_dtype t, dtl_reduce_op op, int root) {
   size_t sbytes, rbytes;
   DTL_TRY(dtl__check_common(fn, c, t));
-  DTL_TRY(dtl__check_op(fn, op));
+  DTL_TRY(dtl__check_op(fn, c, t, op));
   DTL_TRY(dtl__check_rank(fn, "root", c, root));
   DTL_TRY(dtl__check_buf(fn, "send", send, "count", count, 1, t, &sbytes));
   if (c->rank != root) return DTL_OK;
@@ -334,7 +345,7 @@ static dtl_status dtl__args_all_reduce(const char *fn, dtl_comm *c, const void *
                                        dtl_dtype t, dtl_reduce_op op) {
   size_t sbytes, rbytes;
   DTL_TRY(dtl__check_common(fn, c, t));
-  DTL_TRY(dtl__check_op(fn, op));
+  DTL_TRY(dtl__check_op(fn, c, t, op));
   DTL_TRY(dtl__check_buf(fn, "send", send, "count", count, 1, t, &sbytes));
   DTL_TRY(dtl__check_buf(fn, "recv", recv, "count", count, 1, t, &rbytes));
   return dtl__check_alias(fn, send, sbytes, recv, rbytes, send == recv, "send == recv");
@@ -344,7 +355,7 @@ static dtl_status dtl__args_reduce_scatter(const char *fn, dtl_comm *c, const vo
                                            size_t recv_count, dtl_dtype t, dtl_reduce_op op) {
   size_t sbytes = 0, rbytes = 0;
   DTL_TRY(dtl__check_common(fn, c, t));
-  DTL_TRY(dtl__check_op(fn, op));
+  DTL_TRY(dtl__check_op(fn, c, t, op));
   DTL_TRY(dtl__check_buf(fn, "send", send, "recv_count", recv_count, (size_t)c->size, t, &sbytes));
   DTL_TRY(dtl__check_buf(fn, "recv", recv, "recv_count", recv_count, 1, t, &rbytes));
   return dtl__check_alias(fn, send, sbytes, recv, rbytes, dtl__ptr_at(recv, send, (size_t)c->rank * rbytes),
@@ -386,7 +397,7 @@ static dtl_status dtl__args_reduce_scatterv(const char *fn, dtl_comm *c, const v
                                             const size_t *recv_counts, dtl_dtype t, dtl_reduce_op op) {
   size_t total = 0, before = 0, sbytes = 0, rbytes = 0;
   DTL_TRY(dtl__check_common(fn, c, t));
-  DTL_TRY(dtl__check_op(fn, op));
+  DTL_TRY(dtl__check_op(fn, c, t, op));
   DTL_TRY(dtl__sum_counts(fn, "recv_counts", c, recv_counts, &total, &before));
   DTL_TRY(dtl__check_buf(fn, "send", send, "sum(recv_counts)", total, 1, t, &sbytes));
   DTL_TRY(dtl__check_buf(fn, "recv", recv, "recv_counts[rank]", recv_counts[c->rank], 1, t, &rbytes));

@@ -81,6 +81,10 @@ dtl_status dtl__host_fill_identity(void *dst, size_t count, dtl_dtype t, dtl_red
     case DTL_UINT8: DTL__FILL(uint8_t, sel == 0 ? 1 : sel == 1 ? 0 : UINT8_MAX); break;
     case DTL_INT32: DTL__FILL(int32_t, sel == 0 ? 1 : sel == 1 ? INT32_MIN : INT32_MAX); break;
     case DTL_INT64: DTL__FILL(int64_t, sel == 0 ? 1 : sel == 1 ? INT64_MIN : INT64_MAX); break;
+    /* 1, and the lowest and highest values: e4m3fn has no infinities, so -448 and +448 (max(x, -448) is x for
+     * every code but NaN, as max(x, -inf) is for the other floats); e5m2 has them. */
+    case DTL_FLOAT8_E4M3: DTL__FILL(uint8_t, sel == 0 ? 0x38 : sel == 1 ? 0xfe : 0x7e); break;
+    case DTL_FLOAT8_E5M2: DTL__FILL(uint8_t, sel == 0 ? 0x3c : sel == 1 ? 0xfc : 0x7c); break;
     default: return dtl__error(DTL_ERR_INTERNAL, "dtl__host_fill_identity: dtype=%d", (int)t);
   }
   return DTL_OK;

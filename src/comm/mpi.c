@@ -35,6 +35,7 @@ typedef struct dtl__mpi_request dtl__mpi_request;
 typedef struct {
   MPI_Comm comm;
   MPI_Op half_op[2][4]; /* [f16|bf16][sum, prod, max, min], applied to MPI_UINT16_T */
+  MPI_Op f8_op[2][2];   /* [e4m3|e5m2][max, min], applied to MPI_UINT8_T (the 8-bit floats reduce with no other op) */
   /* The int counts and displacements of a blocking v-collective (4 x size: two arrays of each), sized once:
    * calls on one communicator are never concurrent, and a blocking call is done with them when it returns. */
   int *counts;
@@ -139,6 +140,20 @@ dtl_status dtl__mpi_waitall(dtl_comm *c, const char *fn, int n, MPI_Request *req
 DTL__HALF_OPS(dtl__f16, dtl__f16_to_f32, dtl__f32_to_f16)
 DTL__HALF_OPS(dtl__bf16, dtl__bf16_to_f32, dtl__f32_to_bf16)
 
+/* --- e4m3 / e5m2 max and min: compared as values, the winner's code kept, so the result is one of the inputs ---- */
+#define DTL__F8_OP(name, gt, a, b)                                          \
+  static void name(void *in, void *inout, int *len, MPI_Datatype *dt) {     \
+    (void)dt;                                                               \
+    const uint8_t *x = in;                                                  \
+    uint8_t *y = inout;                                                     \
+    for (int i = 0; i < *len; i++)                                          \
+      if (gt(a[i], b[i])) y[i] = x[i];                                      \
+  }
+DTL__F8_OP(dtl__f8e4m3_max, dtl__f8e4m3_gt, x, y)
+DTL__F8_OP(dtl__f8e4m3_min, dtl__f8e4m3_gt, y, x)
+DTL__F8_OP(dtl__f8e5m2_max, dtl__f8e5m2_gt, x, y)
+DTL__F8_OP(dtl__f8e5m2_min, dtl__f8e5m2_gt, y, x)
+
 static MPI_Datatype dtl__mpi_type(dtl_dtype t) {
   switch (t) {
     case DTL_FLOAT32: return MPI_FLOAT;
@@ -146,15 +161,20 @@ static MPI_Datatype dtl__mpi_type(dtl_dtype t) {
     case DTL_FLOAT16: /* fall through: moved as 16-bit words, reduced by dtl's own ops */
     case DTL_BFLOAT16: return MPI_UINT16_T;
     case DTL_INT8: return MPI_INT8_T;
-    case DTL_UINT8: return MPI_UINT8_T;
+    case DTL_UINT8: /* fall through */
+    case DTL_FLOAT8_E4M3: /* fall through: the 8-bit floats move as bytes, reduced by dtl's own ops */
+    case DTL_FLOAT8_E5M2: return MPI_UINT8_T;
     case DTL_INT32: return MPI_INT32_T;
-    default: return MPI_INT64_T;
+    case DTL_INT64: break;
   }
+  return MPI_INT64_T;
 }
 
 static MPI_Op dtl__mpi_op(const dtl_comm *c, dtl_dtype t, dtl_reduce_op op) {
   int which = op == DTL_PROD ? 1 : op == DTL_MAX ? 2 : op == DTL_MIN ? 3 : 0; /* avg reduces as sum */
   if (t == DTL_FLOAT16 || t == DTL_BFLOAT16) return dtl__mpi_of(c)->half_op[t == DTL_BFLOAT16][which];
+  /* Sums, products and averages of the 8-bit floats never get here: comm.c and layout creation refuse them. */
+  if (dtl__dtype_is_fp8(t)) return which >= 2 ? dtl__mpi_of(c)->f8_op[t == DTL_FLOAT8_E5M2][which - 2] : MPI_OP_NULL;
   return which == 0 ? MPI_SUM : which == 1 ? MPI_PROD : which == 2 ? MPI_MAX : MPI_MIN;
 }
 
@@ -1151,6 +1171,9 @@ static void dtl__mpi_free(dtl__mpi *m) {
     for (int k = 0; k < 2; k++)
       for (int j = 0; j < 4; j++)
         if (m->half_op[k][j] != MPI_OP_NULL) MPI_Op_free(&m->half_op[k][j]);
+    for (int k = 0; k < 2; k++)
+      for (int j = 0; j < 2; j++)
+        if (m->f8_op[k][j] != MPI_OP_NULL) MPI_Op_free(&m->f8_op[k][j]);
     if (m->comm != MPI_COMM_NULL) MPI_Comm_free(&m->comm);
   }
   while (m->pool) {
@@ -1269,6 +1292,8 @@ static const dtl__comm_ops dtl__mpi_ops = {
 static dtl_status dtl__comm_wrap_mpi(MPI_Comm dup, const dtl__mpi *parent, dtl_comm **out) {
   static MPI_User_function *const fns[2][4] = {{dtl__f16_sum, dtl__f16_prod, dtl__f16_max, dtl__f16_min},
                                                {dtl__bf16_sum, dtl__bf16_prod, dtl__bf16_max, dtl__bf16_min}};
+  static MPI_User_function *const f8_fns[2][2] = {{dtl__f8e4m3_max, dtl__f8e4m3_min},
+                                                  {dtl__f8e5m2_max, dtl__f8e5m2_min}};
   dtl__mpi *m = dtl__calloc(1, sizeof *m);
   if (!m) {
     MPI_Comm_free(&dup);
@@ -1277,9 +1302,13 @@ static dtl_status dtl__comm_wrap_mpi(MPI_Comm dup, const dtl__mpi *parent, dtl_c
   m->comm = dup;
   for (int k = 0; k < 2; k++)
     for (int j = 0; j < 4; j++) m->half_op[k][j] = MPI_OP_NULL;
+  for (int k = 0; k < 2; k++)
+    for (int j = 0; j < 2; j++) m->f8_op[k][j] = MPI_OP_NULL;
   int rc = MPI_Comm_set_errhandler(dup, MPI_ERRORS_RETURN);
   for (int k = 0; k < 2 && rc == MPI_SUCCESS; k++)
     for (int j = 0; j < 4 && rc == MPI_SUCCESS; j++) rc = MPI_Op_create(fns[k][j], 1, &m->half_op[k][j]);
+  for (int k = 0; k < 2 && rc == MPI_SUCCESS; k++)
+    for (int j = 0; j < 2 && rc == MPI_SUCCESS; j++) rc = MPI_Op_create(f8_fns[k][j], 1, &m->f8_op[k][j]);
   int rank = 0, size = 0, flag = 0, *tag_ub = NULL;
   if (rc == MPI_SUCCESS) rc = MPI_Comm_rank(dup, &rank);
   if (rc == MPI_SUCCESS) rc = MPI_Comm_size(dup, &size);

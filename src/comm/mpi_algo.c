@@ -91,11 +91,25 @@ DTL__COMBINE_INT(i8, int8_t, uint8_t)
 DTL__COMBINE_INT(u8, uint8_t, uint8_t)
 DTL__COMBINE_INT(i32, int32_t, uint32_t)
 DTL__COMBINE_INT(i64, int64_t, uint64_t)
+/* e4m3/e5m2: max and min only (types.h), compared as values with the winner's code kept, as the transport's MPI_Ops
+ * do, so the result is one of the inputs. */
+#define DTL__COMBINE_F8(sfx, gt)                                              \
+  DTL__COMBINE(dtl__max_##sfx, uint8_t, gt(b, a) ? b : a)                     \
+  DTL__COMBINE(dtl__min_##sfx, uint8_t, gt(a, b) ? b : a)
+DTL__COMBINE_F8(f8e4m3, dtl__f8e4m3_gt)
+DTL__COMBINE_F8(f8e5m2, dtl__f8e5m2_gt)
 
 static dtl__combine_fn dtl__combine(dtl_dtype t, dtl_reduce_op op) {
 #define DTL__ROW(sfx) {dtl__sum_##sfx, dtl__prod_##sfx, dtl__max_##sfx, dtl__min_##sfx}
-  static const dtl__combine_fn fns[DTL_NUM_DTYPES][4] = {DTL__ROW(f32), DTL__ROW(f64), DTL__ROW(f16), DTL__ROW(bf16),
-                                                        DTL__ROW(i8),  DTL__ROW(u8),  DTL__ROW(i32), DTL__ROW(i64)};
+/* No sums or products of the 8-bit floats: comm.c and layout creation refuse them before any transport runs. */
+#define DTL__ROW_F8(sfx) {NULL, NULL, dtl__max_##sfx, dtl__min_##sfx}
+  static const dtl__combine_fn fns[DTL_NUM_DTYPES][4] = {
+      [DTL_FLOAT32] = DTL__ROW(f32),          [DTL_FLOAT64] = DTL__ROW(f64),
+      [DTL_FLOAT16] = DTL__ROW(f16),          [DTL_BFLOAT16] = DTL__ROW(bf16),
+      [DTL_INT8] = DTL__ROW(i8),              [DTL_UINT8] = DTL__ROW(u8),
+      [DTL_INT32] = DTL__ROW(i32),            [DTL_INT64] = DTL__ROW(i64),
+      [DTL_FLOAT8_E4M3] = DTL__ROW_F8(f8e4m3), [DTL_FLOAT8_E5M2] = DTL__ROW_F8(f8e5m2)};
+#undef DTL__ROW_F8
 #undef DTL__ROW
   return fns[t][op == DTL_AVG ? 0 : (int)op];
 }
@@ -131,6 +145,8 @@ void dtl__divide(void *buf, size_t count, dtl_dtype t, int n) {
       case DTL_UINT8: ((uint8_t *)buf)[i] = (uint8_t)(((uint8_t *)buf)[i] / n); break;
       case DTL_INT32: ((int32_t *)buf)[i] /= n; break;
       case DTL_INT64: ((int64_t *)buf)[i] /= n; break;
+      case DTL_FLOAT8_E4M3: /* fall through: no average of the 8-bit floats (refused, types.h) */
+      case DTL_FLOAT8_E5M2: return;
     }
   }
 }

@@ -2,7 +2,8 @@
 /* The NCCL transport: fills the backend vtable with NCCL calls and CUDA kernels enqueued on the
  * communicator's stream. Collectives NCCL lacks (uneven all-gather and reduce-scatter, scatter, gather,
  * all-to-all-v) are grouped point-to-point calls or grouped collectives: never padding, never scratch.
- * Integer DTL_AVG is a sum followed by a division kernel, as on MPI. */
+ * Integer DTL_AVG is a sum followed by a division kernel, as on MPI. The 8-bit floats move as NCCL's FP8 types where
+ * the NCCL has them (else as bytes) and reduce (max, min) where NCCL and the device can. */
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +23,8 @@ typedef struct {
   const char **send_ptr;
   char **recv_ptr;
   size_t *send_count, *recv_count;
+  bool fp8_types;        /* the library takes ncclFloat8e4m3 / ncclFloat8e5m2 (else the 8-bit floats move as bytes) */
+  char fp8_refusal[192]; /* why max and min of the 8-bit floats are refused here ("": they are not) */
 } dtl__nccl;
 
 static dtl__nccl *dtl__nccl_of(const dtl_comm *c) { return (dtl__nccl *)c->impl; }
@@ -113,7 +116,15 @@ static dtl_status dtl__nccl_wait(dtl_comm *c, const char *fn) {
 }
 
 /* --- types and ops ------------------------------------------------------------------------------------- */
-static ncclDataType_t dtl__nccl_type(dtl_dtype t) {
+/* NCCL 2.24 added the FP8 types; its reductions on them need a device of compute capability 9.0 or more. */
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 24, 0)
+#define DTL__NCCL_FP8 1
+#else
+#define DTL__NCCL_FP8 0
+#endif
+#define DTL__NCCL_FP8_VERSION 22400 /* NCCL_VERSION(2, 24, 0), as ncclGetVersion reports it */
+
+static ncclDataType_t dtl__nccl_type(const dtl__nccl *n, dtl_dtype t) {
   switch (t) {
     case DTL_FLOAT32: return ncclFloat32;
     case DTL_FLOAT64: return ncclFloat64;
@@ -122,8 +133,41 @@ static ncclDataType_t dtl__nccl_type(dtl_dtype t) {
     case DTL_INT8: return ncclInt8;
     case DTL_UINT8: return ncclUint8;
     case DTL_INT32: return ncclInt32;
-    default: return ncclInt64;
+    case DTL_INT64: return ncclInt64;
+    case DTL_FLOAT8_E4M3:
+#if DTL__NCCL_FP8
+      if (n->fp8_types) return ncclFloat8e4m3;
+#endif
+      return ncclUint8; /* bytes move the same; no reduction gets here (fp8_refusal) */
+    case DTL_FLOAT8_E5M2:
+#if DTL__NCCL_FP8
+      if (n->fp8_types) return ncclFloat8e5m2;
+#endif
+      return ncclUint8;
   }
+  return ncclInt64;
+}
+
+/* What this build, the NCCL library and the device allow for the 8-bit floats (n->device set). */
+static void dtl__nccl_fp8_caps(dtl__nccl *n) {
+  int version = 0, major = 0, minor = 0;
+  if (ncclGetVersion(&version) != ncclSuccess) version = 0;
+  n->fp8_types = DTL__NCCL_FP8 && version >= DTL__NCCL_FP8_VERSION;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, n->device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, n->device) != cudaSuccess) {
+    cudaGetLastError(); /* leave no error behind for the caller's next check */
+    major = minor = 0;
+  }
+  n->fp8_refusal[0] = '\0';
+  if (!DTL__NCCL_FP8)
+    snprintf(n->fp8_refusal, sizeof n->fp8_refusal, "dtl was built against NCCL %d.%d.%d, which has no FP8 types "
+             "(NCCL 2.24 added them); reduce in f32 or bf16 and convert", NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH);
+  else if (!n->fp8_types)
+    snprintf(n->fp8_refusal, sizeof n->fp8_refusal, "the NCCL library is version code %d, which has no FP8 types "
+             "(NCCL 2.24 added them); reduce in f32 or bf16 and convert", version);
+  else if (major < 9)
+    snprintf(n->fp8_refusal, sizeof n->fp8_refusal, "device %d has compute capability %d.%d and NCCL reduces FP8 "
+             "from 9.0 (sm_90) on; reduce in f32 or bf16 and convert", n->device, major, minor);
 }
 
 /* Integer averages reduce as sums and are divided by dtl afterwards (truncating, as on MPI); floating
@@ -161,7 +205,7 @@ static dtl_status dtl__nccl_exchange(dtl_comm *c, const char *fn, dtl_dtype t) {
   dtl__nccl *n = dtl__nccl_of(c);
   const int me = c->rank;
   const size_t es = dtl_dtype_size(t);
-  const ncclDataType_t dt = dtl__nccl_type(t);
+  const ncclDataType_t dt = dtl__nccl_type(n, t);
   if (n->send_count[me] != n->recv_count[me])
     return dtl__error(DTL_ERR_INVALID_ARGUMENT, "%s: send_counts[%d]=%zu differs from recv_counts[%d]=%zu", fn, me,
                       n->send_count[me], me, n->recv_count[me]);
@@ -193,7 +237,7 @@ static dtl_status nccl_broadcast(dtl_comm *c, void *buf, size_t count, dtl_dtype
   DTL_TRY(dtl__nccl_begin(c, fn, &s));
   if (count == 0) return dtl__nccl_leave(&s, DTL_OK);
   dtl__nccl *n = dtl__nccl_of(c);
-  return dtl__nccl_finish(c, &s, fn, ncclBroadcast(buf, buf, count, dtl__nccl_type(t), root, n->comm, n->stream));
+  return dtl__nccl_finish(c, &s, fn, ncclBroadcast(buf, buf, count, dtl__nccl_type(n, t), root, n->comm, n->stream));
 }
 
 static dtl_status nccl_scatter(dtl_comm *c, const void *send, void *recv, size_t recv_count, dtl_dtype t, int root) {
@@ -242,7 +286,7 @@ static dtl_status nccl_reduce(dtl_comm *c, const void *send, void *recv, size_t 
   if (count == 0) return dtl__nccl_leave(&s, DTL_OK);
   dtl__nccl *n = dtl__nccl_of(c);
   dtl_status st = dtl__nccl_settle(
-      n->comm, fn, ncclReduce(send, recv, count, dtl__nccl_type(t), dtl__nccl_op(t, op), root, n->comm, n->stream));
+      n->comm, fn, ncclReduce(send, recv, count, dtl__nccl_type(n, t), dtl__nccl_op(t, op), root, n->comm, n->stream));
   if (st == DTL_OK && c->rank == root) st = dtl__nccl_finish_avg(c, fn, recv, count, t, op);
   return dtl__nccl_leave(&s, st);
 }
@@ -253,7 +297,7 @@ static dtl_status dtl__nccl_all_gather(dtl_comm *c, const char *fn, const void *
   DTL_TRY(dtl__nccl_begin(c, fn, &s));
   if (send_count == 0) return dtl__nccl_leave(&s, DTL_OK);
   dtl__nccl *n = dtl__nccl_of(c);
-  return dtl__nccl_finish(c, &s, fn, ncclAllGather(send, recv, send_count, dtl__nccl_type(t), n->comm, n->stream));
+  return dtl__nccl_finish(c, &s, fn, ncclAllGather(send, recv, send_count, dtl__nccl_type(n, t), n->comm, n->stream));
 }
 
 static dtl_status nccl_all_gather(dtl_comm *c, const void *send, void *recv, size_t send_count, dtl_dtype t) {
@@ -285,7 +329,7 @@ static dtl_status nccl_all_reduce(dtl_comm *c, const void *send, void *recv, siz
   if (count == 0) return dtl__nccl_leave(&s, DTL_OK);
   dtl__nccl *n = dtl__nccl_of(c);
   dtl_status st = dtl__nccl_settle(
-      n->comm, fn, ncclAllReduce(send, recv, count, dtl__nccl_type(t), dtl__nccl_op(t, op), n->comm, n->stream));
+      n->comm, fn, ncclAllReduce(send, recv, count, dtl__nccl_type(n, t), dtl__nccl_op(t, op), n->comm, n->stream));
   if (st == DTL_OK) st = dtl__nccl_finish_avg(c, fn, recv, count, t, op);
   return dtl__nccl_leave(&s, st);
 }
@@ -297,7 +341,7 @@ static dtl_status dtl__nccl_reduce_scatter(dtl_comm *c, const char *fn, const vo
   if (recv_count == 0) return dtl__nccl_leave(&s, DTL_OK);
   dtl__nccl *n = dtl__nccl_of(c);
   dtl_status st = dtl__nccl_settle(n->comm, fn,
-                                   ncclReduceScatter(send, recv, recv_count, dtl__nccl_type(t), dtl__nccl_op(t, op),
+                                   ncclReduceScatter(send, recv, recv_count, dtl__nccl_type(n, t), dtl__nccl_op(t, op),
                                                      n->comm, n->stream));
   if (st == DTL_OK) st = dtl__nccl_finish_avg(c, fn, recv, recv_count, t, op);
   return dtl__nccl_leave(&s, st);
@@ -317,7 +361,7 @@ static dtl_status nccl_reduce_scatterv(dtl_comm *c, const void *send, void *recv
   DTL_TRY(dtl__nccl_begin(c, fn, &s));
   dtl__nccl *n = dtl__nccl_of(c);
   size_t es = dtl_dtype_size(t), displ = 0;
-  ncclDataType_t dt = dtl__nccl_type(t);
+  ncclDataType_t dt = dtl__nccl_type(n, t);
   ncclRedOp_t nop = dtl__nccl_op(t, op);
   ncclResult_t r = ncclGroupStart();
   for (int j = 0; j < c->size && (r == ncclSuccess || r == ncclInProgress); j++) {
@@ -392,7 +436,7 @@ static dtl_status nccl_send(dtl_comm *c, const void *buf, size_t count, dtl_dtyp
   DTL_TRY(dtl__nccl_begin(c, fn, &s));
   if (count == 0) return dtl__nccl_leave(&s, DTL_OK);
   dtl__nccl *n = dtl__nccl_of(c);
-  return dtl__nccl_finish(c, &s, fn, ncclSend(buf, count, dtl__nccl_type(t), peer, n->comm, n->stream));
+  return dtl__nccl_finish(c, &s, fn, ncclSend(buf, count, dtl__nccl_type(n, t), peer, n->comm, n->stream));
 }
 
 static dtl_status nccl_recv(dtl_comm *c, void *buf, size_t count, dtl_dtype t, int peer) {
@@ -402,7 +446,7 @@ static dtl_status nccl_recv(dtl_comm *c, void *buf, size_t count, dtl_dtype t, i
   DTL_TRY(dtl__nccl_begin(c, fn, &s));
   if (count == 0) return dtl__nccl_leave(&s, DTL_OK);
   dtl__nccl *n = dtl__nccl_of(c);
-  return dtl__nccl_finish(c, &s, fn, ncclRecv(buf, count, dtl__nccl_type(t), peer, n->comm, n->stream));
+  return dtl__nccl_finish(c, &s, fn, ncclRecv(buf, count, dtl__nccl_type(n, t), peer, n->comm, n->stream));
 }
 
 /* One group of ncclSend + ncclRecv (through the planned exchange); a message to oneself (counts equal, comm.c
@@ -432,7 +476,7 @@ static dtl_status nccl_exchange(dtl_comm *c, int nsend, const int *send_peers, c
   dtl__nccl_scope s;
   DTL_TRY(dtl__nccl_begin(c, fn, &s));
   dtl__nccl *n = dtl__nccl_of(c);
-  ncclDataType_t dt = dtl__nccl_type(t);
+  ncclDataType_t dt = dtl__nccl_type(n, t);
   ncclResult_t r = ncclGroupStart();
   for (int i = 0; i < nrecv && (r == ncclSuccess || r == ncclInProgress); i++)
     r = ncclRecv(recv_bufs[i], recv_counts[i], dt, recv_peers[i], n->comm, n->stream);
@@ -506,7 +550,9 @@ static dtl_status dtl__comm_wrap_nccl(const char *fn, ncclComm_t comm, cudaStrea
     if (cur >= 0 && cur != device) cudaSetDevice(cur);
     if (e != cudaSuccess) st = dtl__cuda_error(fn, e);
   }
+  if (st == DTL_OK) dtl__nccl_fp8_caps(n);
   if (st == DTL_OK) st = dtl__comm_new(&dtl__nccl_ops, (dtl__mem){&dtl__cuda_mem_ops, device, stream}, rank, size, n, out);
+  if (st == DTL_OK && n->fp8_refusal[0]) (*out)->fp8_reduce_refusal = n->fp8_refusal;
   if (st != DTL_OK) {
     dtl__nccl_free(n);
     if (owns_comm) ncclCommDestroy(comm);

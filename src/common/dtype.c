@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Element types and reduction operators: sizes, names and parsing. */
+#include <stdio.h>
 #include <string.h>
 #include "common/half.h"
 #include "common/internal.h"
@@ -20,6 +21,14 @@ static const char *const dtl__op_names[DTL_NUM_REDUCE_OPS] = {"sum", "prod", "ma
 bool dtl__dtype_valid(dtl_dtype t) { return (unsigned)t < DTL_NUM_DTYPES; }
 bool dtl__reduce_op_valid(dtl_reduce_op op) { return (unsigned)op < DTL_NUM_REDUCE_OPS; }
 bool dtl__dtype_is_float(dtl_dtype t) { return dtl__dtype_valid(t) && dtl__dtypes[t].is_float; }
+bool dtl__dtype_is_fp8(dtl_dtype t) { return t == DTL_FLOAT8_E4M3 || t == DTL_FLOAT8_E5M2; }
+
+bool dtl__reduce_rounds(dtl_dtype t, dtl_reduce_op op, char *why, size_t cap) {
+  if (!dtl__dtype_is_fp8(t) || op == DTL_MAX || op == DTL_MIN) return false;
+  snprintf(why, cap, "%s %s would round at every step; reduce in f32 or bf16 and convert (the 8-bit floats reduce "
+           "with max and min only, which are exact)", dtl__dtypes[t].name, dtl__op_names[op]);
+  return true;
+}
 size_t dtl_dtype_size(dtl_dtype t) { return dtl__dtype_valid(t) ? dtl__dtypes[t].size : 0; }
 const char *dtl_dtype_name(dtl_dtype t) { return dtl__dtype_valid(t) ? dtl__dtypes[t].name : NULL; }
 const char *dtl_reduce_op_name(dtl_reduce_op op) { return dtl__reduce_op_valid(op) ? dtl__op_names[op] : NULL; }

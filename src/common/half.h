@@ -6,6 +6,7 @@
 #ifndef DTL_HALF_H
 #define DTL_HALF_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -107,6 +108,19 @@ static inline float dtl__f8e5m2_to_f32(uint8_t c) {
     return dtl__bits_to_f32(dtl__f32_to_bits(v) | sign);
   }
   return dtl__bits_to_f32(sign | ((exp + 112u) << 23) | (man << 21));
+}
+
+/* The value order of the 8-bit floats without converting them: a code is a sign and a magnitude, and the magnitude
+ * codes ascend with the value (e5m2's infinity included), so x > y as values exactly when neither is a NaN and
+ * dtl__f8_order(x) > dtl__f8_order(y) (-0 and +0 are equal). What max and min of them compare with. */
+static inline int dtl__f8_order(uint8_t c) { return c & 0x80 ? -(int)(c & 0x7f) : (int)(c & 0x7f); }
+static inline bool dtl__f8e4m3_isnan(uint8_t c) { return (c & 0x7f) == 0x7f; }
+static inline bool dtl__f8e5m2_isnan(uint8_t c) { return (c & 0x7f) > 0x7c; }
+static inline bool dtl__f8e4m3_gt(uint8_t x, uint8_t y) {
+  return !dtl__f8e4m3_isnan(x) && !dtl__f8e4m3_isnan(y) && dtl__f8_order(x) > dtl__f8_order(y);
+}
+static inline bool dtl__f8e5m2_gt(uint8_t x, uint8_t y) {
+  return !dtl__f8e5m2_isnan(x) && !dtl__f8e5m2_isnan(y) && dtl__f8_order(x) > dtl__f8_order(y);
 }
 
 #endif

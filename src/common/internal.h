@@ -77,6 +77,13 @@ static inline char *dtl__at(const void *base, size_t elems, size_t es) {
 bool dtl__dtype_valid(dtl_dtype t);
 bool dtl__reduce_op_valid(dtl_reduce_op op);
 bool dtl__dtype_is_float(dtl_dtype t);
+/* The 8-bit floats (DTL_FLOAT8_E4M3, DTL_FLOAT8_E5M2). */
+bool dtl__dtype_is_fp8(dtl_dtype t);
+/* The rule for reductions on the 8-bit floats (types.h): exact or refused. Max and min pick one of their inputs,
+ * so they are exact; sum, prod and avg would round at every step of a fold, so dtl refuses them. Returns true
+ * when op on t is refused for that reason and writes why into why (cap bytes), e.g. "f8e4m3 sum would round at
+ * every step; ..."; false (why untouched) for every other pair. The op and dtype must be valid. */
+bool dtl__reduce_rounds(dtl_dtype t, dtl_reduce_op op, char *why, size_t cap);
 /* Bytes of count elements of t; DTL_ERR_INVALID_ARGUMENT naming fn/arg if it overflows size_t. */
 dtl_status dtl__bytes(const char *fn, const char *arg, size_t count, dtl_dtype t, size_t *bytes);
 

@@ -29,6 +29,20 @@ void dtl__local_box(const dtl_mesh *m, int ndim, const int64_t *shape, const dtl
 /* A pending average of integers would truncate when it is resolved, so Partial(avg) needs a float dtype. */
 static bool dtl__partial_ok(dtl_dtype t, dtl_reduce_op op) { return op != DTL_AVG || dtl__dtype_is_float(t); }
 
+/* The 8-bit floats hold only the pending reductions that are exact (max, min: types.h), and those only on a mesh
+ * whose transport reduces them (the communicator's, or a non-member's parent's; none on an abstract mesh). */
+static dtl_status dtl__partial_check(const char *fn, const dtl_mesh *m, int md, dtl_dtype t, dtl_reduce_op op) {
+  if (!dtl__partial_ok(t, op))
+    return dtl__error_fn(DTL_ERR_UNSUPPORTED, fn, "placements[%d]=P(%s) cannot hold dtype %s", md,
+                         dtl_reduce_op_name(op), dtl_dtype_name(t));
+  char why[256];
+  const char *no = dtl__comm_reduce_refusal(m->comm ? m->comm : m->parent, t, op, why, sizeof why);
+  if (no)
+    return dtl__error_fn(DTL_ERR_UNSUPPORTED, fn, "placements[%d]=P(%s) cannot hold dtype %s: %s", md,
+                         dtl_reduce_op_name(op), dtl_dtype_name(t), no);
+  return DTL_OK;
+}
+
 dtl_status dtl__layout_init(dtl_layout *l, const char *fn, const dtl_mesh *m, dtl_dtype t, int ndim,
                                    const int64_t *shape, const dtl_placement *placements) {
   DTL_CHECK_ARG(m != NULL, fn, "mesh=NULL");
@@ -61,9 +75,7 @@ dtl_status dtl__layout_init(dtl_layout *l, const char *fn, const dtl_mesh *m, dt
       }
       case DTL_PARTIAL:
         DTL_CHECK_ARG(dtl__reduce_op_valid(p.op), fn, "placements[%d]=P(op=%d) (expected DTL_SUM..DTL_AVG)", md, (int)p.op);
-        if (!dtl__partial_ok(t, p.op))
-          return dtl__error_fn(DTL_ERR_UNSUPPORTED, fn, "placements[%d]=P(%s) cannot hold dtype %s", md,
-                               dtl_reduce_op_name(p.op), dtl_dtype_name(t));
+        DTL_TRY(dtl__partial_check(fn, m, md, t, p.op));
         p = dtl_partial(p.op);
         break;
       default:

@@ -162,7 +162,7 @@ dtl_status dtl_moe_layout_combine(dtl_moe_layout *L, const void *expert_out, voi
   static const char fn[] = "dtl_moe_layout_combine";
   DTL_CHECK_ARG(L != NULL, fn, "layout=NULL");
   dtl_status local = dtl__moe_check_buffers(fn, L, y, "y", expert_out, "expert_out");
-  if (local == DTL_OK && !dtl__dtype_is_float(L->dtype))
+  if (local == DTL_OK && (!dtl__dtype_is_float(L->dtype) || dtl__dtype_is_fp8(L->dtype)))
     local = dtl__error_fn(DTL_ERR_UNSUPPORTED, fn, "dtype=%s (combine's weighted sum needs f32, f64, f16 or bf16)",
                           dtl_dtype_name(L->dtype));
   DTL_TRY(dtl__moe_agree(L, fn, local));

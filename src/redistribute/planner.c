@@ -692,8 +692,10 @@ dtl_status dtl__plan_create(const char *fn, const dtl_layout *src, const dtl_lay
   for (int m = 0; m < s.M; m++) {
     dtl_placement a = src->placements[m], b = cross ? dtl_replicate() : dst->placements[m];
     /* Partial with the op of the source or the target there, else sum: from a shard it is a local embed, which can
-     * undo an inner split that a collective could not reach yet (the reduce-scatter out of it redistributes). */
-    s.has_p[m] = true;
+     * undo an inner split that a collective could not reach yet (the reduce-scatter out of it redistributes). The
+     * 8-bit floats have no sum (types.h), and a max over the embed's identity could drop a NaN, so for them only
+     * the source's or target's own Partial is a state. */
+    s.has_p[m] = !dtl__dtype_is_fp8(src->dtype) || a.kind == DTL_PARTIAL || b.kind == DTL_PARTIAL;
     s.op[m] = a.kind == DTL_PARTIAL ? a.op : b.kind == DTL_PARTIAL ? b.op : DTL_SUM;
     s.nstates *= s.K;
     s.of[m][0] = dtl_replicate();

@@ -35,14 +35,16 @@ static dtl_status dtl__tp_attention_build(dtl_tp_context *ctx, const dtl_tp_atte
                                           dtl_tp_attention **out) {
   static const char fn[] = "dtl_tp_attention_create";
   DTL_CHECK_ARG(p != NULL, fn, "params=NULL");
-  DTL_TRY(dtl__tp_check_bits(fn, "params", p->mask, DTL__BITS(DTL_TP_SCALE, DTL_TP_ROPE), p->flags,
-                             DTL__BITS(DTL_TP_SEQUENCE_PARALLEL, DTL_TP_SHARDED_WEIGHTS)));
+  DTL_TRY(dtl__tp_check_bits(fn, "params", p->mask, DTL__BITS(DTL_TP_SCALE, DTL_TP_ROPE, DTL_TP_QUANT_WEIGHTS), p->flags,
+                             DTL__BITS(DTL_TP_SEQUENCE_PARALLEL, DTL_TP_SHARDED_WEIGHTS, DTL_TP_FP8_GEMM)));
+  bool quant = DTL__TP_QUANT(p->mask);
+  DTL_TRY(dtl__tp_check_quant(fn, quant, p->flags, "qkv", p->qkv, "out", p->out));
   DTL_CHECK_ARG(p->hidden >= 1 && p->head_dim >= 1, fn, "hidden=%lld head_dim=%lld (expected >= 1)",
                 (long long)p->hidden, (long long)p->head_dim);
   dtl_tp_range q, kv;
   DTL_TRY(dtl__tp_heads(ctx, fn, p->q_heads, p->kv_heads, ctx->rank, &q, &kv));
-  DTL_CHECK_ARG(p->qkv != NULL, fn, "qkv=NULL (the fused [(q_heads + 2 kv_heads) * head_dim, hidden] weight is required)");
-  DTL_CHECK_ARG(p->out != NULL, fn, "out=NULL (the [hidden, q_heads * head_dim] output weight is required)");
+  DTL_CHECK_ARG(quant || p->qkv != NULL, fn, "qkv=NULL (the fused [(q_heads + 2 kv_heads) * head_dim, hidden] weight is required)");
+  DTL_CHECK_ARG(quant || p->out != NULL, fn, "out=NULL (the [hidden, q_heads * head_dim] output weight is required)");
   DTL_CHECK_ARG(!(p->mask & DTL_TP_SCALE) || isfinite(p->scale), fn, "scale=%g (expected a finite number)",
                 (double)p->scale);
   bool rope = (p->mask & DTL_TP_ROPE) != 0;
@@ -74,9 +76,29 @@ static dtl_status dtl__tp_attention_build(dtl_tp_context *ctx, const dtl_tp_atte
   DTL_TRY_GOTO(dtl__tp_qkv_rows(ctx, fn, p->q_heads, p->kv_heads, D, rows), st, fail);
   dtl__tp_rows all = {0, p->hidden};
   bool sharded = (p->flags & DTL_TP_SHARDED_WEIGHTS) != 0;
-  DTL_TRY_GOTO(dtl__tp_proj_init(ctx, fn, &a->qkv, sharded, p->qkv, p->hidden, rows, 3, 0, p->hidden, p->qkv_bias), st, fail);
-  DTL_TRY_GOTO(dtl__tp_proj_init(ctx, fn, &a->out, sharded, p->out, p->q_heads * D, &all, 1, q.offset * D, q.count * D,
-                                 p->out_bias), st, fail);
+  if (quant) {
+    /* Each sub-weight's rows are numbered from 0: the fused rows less the parts before it. */
+    int64_t Hq = p->q_heads * D, Hkv = p->kv_heads * D;
+    bool fp8 = (p->flags & DTL_TP_FP8_GEMM) != 0;
+    dtl__tp_qneed qkv[3] = {{"qq", p->qq, Hq, p->hidden, rows[0].row_off, rows[0].rows, 0, p->hidden},
+                            {"qk", p->qk, Hkv, p->hidden, rows[1].row_off - Hq, rows[1].rows, 0, p->hidden},
+                            {"qv", p->qv, Hkv, p->hidden, rows[2].row_off - Hq - Hkv, rows[2].rows, 0, p->hidden}};
+    /* With tp > kv_heads, k and v may also come in the repeat_kv form of dtl_tp_qweight_read_qkv, [tp * head_dim,
+     * hidden], whose rows [r D, (r + 1) D) are rank r's kv head. */
+    for (int i = 1; i < 3 && ctx->size > p->kv_heads; i++)
+      if (dtl__tp_qweight_rows(qkv[i].w) == ctx->size * D) {
+        qkv[i].R = ctx->size * D;
+        qkv[i].row0 = ctx->rank * D;
+      }
+    dtl__tp_qneed out = {"qout", p->qout, p->hidden, Hq, 0, p->hidden, q.offset * D, q.count * D};
+    DTL_TRY_GOTO(dtl__tp_proj_init_quant(ctx, fn, &a->qkv, qkv, 3, fp8, sharded, p->qkv_bias, rows, 3), st, fail);
+    DTL_TRY_GOTO(dtl__tp_proj_init_quant(ctx, fn, &a->out, &out, 1, fp8, false, p->out_bias, &all, 1), st, fail);
+  } else {
+    DTL_TRY_GOTO(dtl__tp_proj_init(ctx, fn, &a->qkv, sharded, p->qkv, p->hidden, rows, 3, 0, p->hidden, p->qkv_bias), st,
+                 fail);
+    DTL_TRY_GOTO(dtl__tp_proj_init(ctx, fn, &a->out, sharded, p->out, p->q_heads * D, &all, 1, q.offset * D, q.count * D,
+                                   p->out_bias), st, fail);
+  }
   *out = a;
   return DTL_OK;
 fail:
@@ -91,7 +113,7 @@ dtl_status dtl_tp_attention_create(dtl_tp_context *ctx, const dtl_tp_attention_p
   dtl_status st = out ? dtl__tp_attention_build(ctx, p, &a) : dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "out=NULL");
   uint64_t fp = 0;
   if (st == DTL_OK) {
-    fp = DTL__TP_FP(ctx, fn, p->hidden, p->q_heads, p->kv_heads, p->head_dim, a->rope, (int64_t)p->flags,
+    fp = DTL__TP_FP(ctx, fn, p->hidden, p->q_heads, p->kv_heads, p->head_dim, a->rope, (int64_t)p->flags, (int64_t)p->mask,
                     p->qkv_bias != NULL, p->out_bias != NULL);
     fp = dtl__fp_double(fp, (double)a->scale);
     fp = dtl__fp_double(fp, (double)a->rope_theta);
@@ -209,6 +231,8 @@ static dtl_status dtl__tp_attention_run(dtl_tp_attention *a, bool cached, dtl_tp
   if (st == DTL_OK) st = dtl__tp_scratch(ctx, DTL__TP_WS_PARTIAL, (size_t)(T * a->hidden) * e, &partial);
   if (st == DTL_OK && (aux_bytes = dtl__tp_attend_bytes(a, T, cache)))
     st = dtl__tp_scratch(ctx, DTL__TP_WS_AUX, aux_bytes, &aux);
+  if (st == DTL_OK) st = dtl__tp_proj_reserve(ctx, &a->qkv, T);
+  if (st == DTL_OK) st = dtl__tp_proj_reserve(ctx, &a->out, T);
   DTL_TRY(dtl__agree_checked(ctx->comm, fn,
                              DTL__TP_FP(ctx, fn, a->hidden, a->q_heads, a->kv_heads, a->head_dim, T, a->sp, past),
                              st));

@@ -26,13 +26,16 @@ static dtl_placement dtl__tp_linear_out_p(const dtl_tp_linear *l) {
 static dtl_status dtl__tp_linear_build(dtl_tp_context *ctx, const dtl_tp_linear_params *p, dtl_tp_linear **out) {
   static const char fn[] = "dtl_tp_linear_create";
   DTL_CHECK_ARG(p != NULL, fn, "params=NULL");
-  DTL_TRY(dtl__tp_check_bits(fn, "params", p->mask, DTL__NO_BITS, p->flags,
-                             DTL__BITS(DTL_TP_SEQUENCE_PARALLEL, DTL_TP_GATHER_OUTPUT, DTL_TP_SHARDED_WEIGHTS)));
+  DTL_TRY(dtl__tp_check_bits(fn, "params", p->mask, DTL__BITS(DTL_TP_QUANT_WEIGHTS), p->flags,
+                             DTL__BITS(DTL_TP_SEQUENCE_PARALLEL, DTL_TP_GATHER_OUTPUT, DTL_TP_SHARDED_WEIGHTS,
+                                       DTL_TP_FP8_GEMM)));
+  bool quant = DTL__TP_QUANT(p->mask);
+  DTL_TRY(dtl__tp_check_quant(fn, quant, p->flags, "weight", p->weight, NULL, NULL));
   DTL_CHECK_ARG(p->kind == DTL_TP_COLUMN || p->kind == DTL_TP_ROW, fn, "kind=%d (expected DTL_TP_COLUMN or DTL_TP_ROW)",
                 (int)p->kind);
   DTL_CHECK_ARG(p->in_features >= 0 && p->out_features >= 0, fn, "in_features=%lld out_features=%lld (expected >= 0)",
                 (long long)p->in_features, (long long)p->out_features);
-  DTL_CHECK_ARG(p->weight != NULL, fn, "weight=NULL (the dense [out=%lld, in=%lld] weight is required)",
+  DTL_CHECK_ARG(quant || p->weight != NULL, fn, "weight=NULL (the dense [out=%lld, in=%lld] weight is required)",
                 (long long)p->out_features, (long long)p->in_features);
   DTL_CHECK_ARG(p->kind == DTL_TP_COLUMN || !(p->flags & DTL_TP_GATHER_OUTPUT), fn,
                 "params.flags has DTL_TP_GATHER_OUTPUT on a row-parallel layer (its output is already R or S(0))");
@@ -49,7 +52,15 @@ static dtl_status dtl__tp_linear_build(dtl_tp_context *ctx, const dtl_tp_linear_
   l->out = p->out_features;
   dtl_status st;
   bool sharded = (p->flags & DTL_TP_SHARDED_WEIGHTS) != 0;
-  if (p->kind == DTL_TP_COLUMN) {
+  if (quant) {
+    bool col = p->kind == DTL_TP_COLUMN;
+    dtl_tp_range r = dtl__tp_chunk(ctx, col ? l->out : l->in, ctx->rank);
+    dtl__tp_qneed need = {"qweight", p->qweight, l->out, l->in, col ? r.offset : 0, col ? r.count : l->out,
+                          col ? 0 : r.offset, col ? l->in : r.count};
+    dtl__tp_rows brows = {col ? r.offset : 0, col ? r.count : l->out};
+    DTL_TRY_GOTO(dtl__tp_proj_init_quant(ctx, fn, &l->proj, &need, 1, (p->flags & DTL_TP_FP8_GEMM) != 0,
+                                         sharded || !col, p->bias, &brows, 1), st, fail);
+  } else if (p->kind == DTL_TP_COLUMN) {
     dtl_tp_range r = dtl__tp_chunk(ctx, l->out, ctx->rank);
     dtl__tp_rows rows = {r.offset, r.count};
     DTL_TRY_GOTO(dtl__tp_proj_init(ctx, fn, &l->proj, sharded, p->weight, l->in, &rows, 1, 0, l->in, p->bias), st, fail);
@@ -72,7 +83,7 @@ dtl_status dtl_tp_linear_create(dtl_tp_context *ctx, const dtl_tp_linear_params 
   dtl_tp_linear *l = NULL;
   dtl_status st = out ? dtl__tp_linear_build(ctx, p, &l) : dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "out=NULL");
   uint64_t fp = st == DTL_OK ? DTL__TP_FP(ctx, fn, p->kind, p->in_features, p->out_features,
-                                          (int64_t)p->flags, p->bias != NULL) : 0;
+                                          (int64_t)p->flags, (int64_t)p->mask, p->bias != NULL) : 0;
   st = dtl__agree(ctx->comm, fn, fp, st);
   if (st != DTL_OK) {
     dtl_tp_linear_destroy(l);
@@ -107,6 +118,7 @@ dtl_status dtl_tp_linear_forward(dtl_tp_linear *l, const dtl_layout *x_layout, c
   if (st == DTL_OK && column && l->gather) st = dtl__tp_scratch(ctx, DTL__TP_WS_MID, (size_t)(T * l->proj.rows) * e, &mid);
   if (st == DTL_OK && gather_bytes) st = dtl__tp_scratch(ctx, DTL__TP_WS_COMM, gather_bytes, &stage);
   if (st == DTL_OK && !column) st = dtl__tp_scratch(ctx, DTL__TP_WS_PARTIAL, (size_t)(T * l->out) * e, &partial);
+  if (st == DTL_OK) st = dtl__tp_proj_reserve(ctx, &l->proj, T);
   DTL_TRY(dtl__agree_checked(ctx->comm, fn, DTL__TP_FP(ctx, fn, l->kind, l->in, l->out, T, l->sp, l->gather), st));
 
   const void *xin;

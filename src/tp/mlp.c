@@ -23,15 +23,19 @@ static dtl_placement dtl__tp_mlp_p(const dtl_tp_mlp *m) { return m->sp ? dtl_sha
 static dtl_status dtl__tp_mlp_build(dtl_tp_context *ctx, const dtl_tp_mlp_params *p, dtl_tp_mlp **out) {
   static const char fn[] = "dtl_tp_mlp_create";
   DTL_CHECK_ARG(p != NULL, fn, "params=NULL");
-  DTL_TRY(dtl__tp_check_bits(fn, "params", p->mask, DTL__NO_BITS, p->flags,
-                             DTL__BITS(DTL_TP_SEQUENCE_PARALLEL, DTL_TP_SHARDED_WEIGHTS)));
+  DTL_TRY(dtl__tp_check_bits(fn, "params", p->mask, DTL__BITS(DTL_TP_QUANT_WEIGHTS), p->flags,
+                             DTL__BITS(DTL_TP_SEQUENCE_PARALLEL, DTL_TP_SHARDED_WEIGHTS, DTL_TP_FP8_GEMM)));
+  bool quant = DTL__TP_QUANT(p->mask);
+  DTL_TRY(dtl__tp_check_quant(fn, quant, p->flags, "gate_up", p->gate_up, "down", p->down));
   DTL_CHECK_ARG(p->activation == DTL_TP_ACT_SILU_GATED || p->activation == DTL_TP_ACT_GELU, fn,
                 "activation=%d (expected DTL_TP_ACT_SILU_GATED or DTL_TP_ACT_GELU)", (int)p->activation);
   DTL_CHECK_ARG(p->hidden >= 1 && p->ffn >= 1, fn, "hidden=%lld ffn=%lld (expected >= 1)", (long long)p->hidden,
                 (long long)p->ffn);
-  DTL_CHECK_ARG(p->gate_up != NULL, fn, "gate_up=NULL (the dense %s weight is required)",
+  DTL_CHECK_ARG(quant || p->gate_up != NULL, fn, "gate_up=NULL (the dense %s weight is required)",
                 p->activation == DTL_TP_ACT_SILU_GATED ? "fused [2 ffn, hidden] gate/up" : "[ffn, hidden] up");
-  DTL_CHECK_ARG(p->down != NULL, fn, "down=NULL (the dense [hidden, ffn] weight is required)");
+  DTL_CHECK_ARG(!quant || p->activation == DTL_TP_ACT_SILU_GATED || p->qgate == NULL, fn,
+                "qgate is not NULL with DTL_TP_ACT_GELU (a GELU MLP has no gate: its [ffn, hidden] weight is qup)");
+  DTL_CHECK_ARG(quant || p->down != NULL, fn, "down=NULL (the dense [hidden, ffn] weight is required)");
   DTL_TRY(dtl__tp_check_compute(ctx, fn));
   bool gated = p->activation == DTL_TP_ACT_SILU_GATED;
   size_t n;
@@ -50,10 +54,20 @@ static dtl_status dtl__tp_mlp_build(dtl_tp_context *ctx, const dtl_tp_mlp_params
   dtl__tp_rows all = {0, p->hidden};
   dtl_status st;
   bool sharded = (p->flags & DTL_TP_SHARDED_WEIGHTS) != 0;
-  DTL_TRY_GOTO(dtl__tp_proj_init(ctx, fn, &m->gate_up, sharded, p->gate_up, p->hidden, rows, gated ? 2 : 1, 0, p->hidden,
-                                 p->gate_up_bias), st, fail);
-  DTL_TRY_GOTO(dtl__tp_proj_init(ctx, fn, &m->down, sharded, p->down, p->ffn, &all, 1, f.offset, f.count, p->down_bias), st,
-               fail);
+  if (quant) {
+    bool fp8 = (p->flags & DTL_TP_FP8_GEMM) != 0;
+    dtl__tp_qneed gu[2] = {{"qgate", p->qgate, p->ffn, p->hidden, f.offset, f.count, 0, p->hidden},
+                           {"qup", p->qup, p->ffn, p->hidden, f.offset, f.count, 0, p->hidden}};
+    dtl__tp_qneed down = {"qdown", p->qdown, p->hidden, p->ffn, 0, p->hidden, f.offset, f.count};
+    DTL_TRY_GOTO(dtl__tp_proj_init_quant(ctx, fn, &m->gate_up, gated ? gu : gu + 1, gated ? 2 : 1, fp8, sharded,
+                                         p->gate_up_bias, rows, gated ? 2 : 1), st, fail);
+    DTL_TRY_GOTO(dtl__tp_proj_init_quant(ctx, fn, &m->down, &down, 1, fp8, false, p->down_bias, &all, 1), st, fail);
+  } else {
+    DTL_TRY_GOTO(dtl__tp_proj_init(ctx, fn, &m->gate_up, sharded, p->gate_up, p->hidden, rows, gated ? 2 : 1, 0,
+                                   p->hidden, p->gate_up_bias), st, fail);
+    DTL_TRY_GOTO(dtl__tp_proj_init(ctx, fn, &m->down, sharded, p->down, p->ffn, &all, 1, f.offset, f.count,
+                                   p->down_bias), st, fail);
+  }
   *out = m;
   return DTL_OK;
 fail:
@@ -66,7 +80,7 @@ dtl_status dtl_tp_mlp_create(dtl_tp_context *ctx, const dtl_tp_mlp_params *p, dt
   DTL_CHECK_ARG(ctx != NULL, fn, "ctx=NULL");
   dtl_tp_mlp *m = NULL;
   dtl_status st = out ? dtl__tp_mlp_build(ctx, p, &m) : dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "out=NULL");
-  uint64_t fp = st == DTL_OK ? DTL__TP_FP(ctx, fn, p->activation, p->hidden, p->ffn, (int64_t)p->flags,
+  uint64_t fp = st == DTL_OK ? DTL__TP_FP(ctx, fn, p->activation, p->hidden, p->ffn, (int64_t)p->flags, (int64_t)p->mask,
                                           p->gate_up_bias != NULL, p->down_bias != NULL) : 0;
   st = dtl__agree(ctx->comm, fn, fp, st);
   if (st != DTL_OK) {
@@ -114,6 +128,8 @@ dtl_status dtl_tp_mlp_forward(dtl_tp_mlp *m, const dtl_layout *x_layout, const v
     st = dtl__error_fn(DTL_ERR_INVALID_ARGUMENT, fn, "y=NULL with %zu elements", dtl_layout_local_count(x_layout));
   if (st == DTL_OK) st = dtl__tp_scratch(ctx, DTL__TP_WS_MID, (size_t)(T * width) * e, &h);
   if (st == DTL_OK) st = dtl__tp_scratch(ctx, DTL__TP_WS_PARTIAL, (size_t)(T * m->hidden) * e, &partial);
+  if (st == DTL_OK) st = dtl__tp_proj_reserve(ctx, &m->gate_up, T);
+  if (st == DTL_OK) st = dtl__tp_proj_reserve(ctx, &m->down, T);
   DTL_TRY(dtl__agree_checked(ctx->comm, fn, DTL__TP_FP(ctx, fn, m->act, m->hidden, m->ffn, T, m->sp), st));
 
   const void *xin;

@@ -19,6 +19,8 @@ typedef enum {
   DTL__TP_WS_PARTIAL, /* a row-parallel Partial(sum) addend */
   DTL__TP_WS_COMM,    /* the communication halves' own staging */
   DTL__TP_WS_FP8,     /* an FP8 sequence gather's packed rows (gather_fp8.c) */
+  DTL__TP_WS_QTILE,   /* a quantized projection's dequantized weight tile (qproj.c) */
+  DTL__TP_WS_QACT,    /* a quantized projection's FP8 activations and their scale (DTL_TP_FP8_GEMM) */
   DTL__TP_WS_COUNT
 } dtl__tp_ws;
 
@@ -75,10 +77,15 @@ dtl_status dtl__tp_qkv_rows(const dtl_tp_context *ctx, const char *fn, int64_t q
 
 /* A local weight shard [rows, cols] with an optional bias [rows], both copied into ctx memory. A
  * column-parallel projection adds its bias in the GEMM; a row-parallel one hands it to dtl__tp_reduce,
- * which adds it once after the reduction. */
+ * which adds it once after the reduction. A quantized projection (nq > 0, w NULL) has its rows from nq
+ * quantized sub-weights stacked in order (fused QKV: q, k, v; gate/up: gate, up), each kept as this rank's
+ * box of it and dequantized tile by tile in the GEMM (qproj.c). */
+typedef struct dtl__tp_qsub dtl__tp_qsub;
 typedef struct {
   int64_t rows, cols;
   void *w, *bias;
+  int nq;
+  dtl__tp_qsub *q[3];
 } dtl__tp_proj;
 /* Builds a projection from a dense source: the listed row ranges of w [*, in] restricted to the columns
  * [col_off, col_off + cols), and the same row ranges of bias (NULL = none). sharded (DTL_TP_SHARDED_WEIGHTS):
@@ -87,6 +94,41 @@ dtl_status dtl__tp_proj_init(dtl_tp_context *ctx, const char *fn, dtl__tp_proj *
                              int64_t in, const dtl__tp_rows *ranges, int nranges, int64_t col_off, int64_t cols,
                              const void *bias);
 void dtl__tp_proj_fini(dtl_tp_context *ctx, dtl__tp_proj *p);
+/* The bias of a projection of rows rows: the listed row ranges of a dense bias [src_rows] (sharded: bias is
+ * already its [rows]), copied into ctx memory; NULL = none. */
+dtl_status dtl__tp_proj_bias(dtl_tp_context *ctx, const char *fn, dtl__tp_proj *p, bool sharded, const void *bias,
+                             const dtl__tp_rows *ranges, int nranges);
+
+/* One quantized sub-weight of a projection, as the layer asks for it: the argument's name (for messages), the
+ * logical [R, C] matrix it must be, and the global box of it this rank computes with (rows [row0, row0 + rows)
+ * x cols [col0, col0 + cols)). Its local box must hold that box (column-parallel: S(0) on the TP dim or
+ * Replicate; row-parallel: S(1) or Replicate), whose edges must fall on the format's packing units. */
+typedef struct {
+  const char *name;
+  const dtl_tp_qweight *w;
+  int64_t R, C;
+  int64_t row0, rows, col0, cols;
+} dtl__tp_qneed;
+/* A quantized projection of the n sub-weights (stacked on rows; every one of cols columns), checked against
+ * ctx and copied (the weights are borrowed), its bias as dtl__tp_proj_bias. fp8: DTL_TP_FP8_GEMM was asked
+ * for (taken where the weight and device allow it). */
+dtl_status dtl__tp_proj_init_quant(dtl_tp_context *ctx, const char *fn, dtl__tp_proj *p, const dtl__tp_qneed *need,
+                                   int n, bool fp8, bool bias_sharded, const void *bias, const dtl__tp_rows *bias_ranges,
+                                   int nbias);
+/* The logical rows of a 2-D quantized sub-weight; -1 when w, its layout or its shape is not that. */
+int64_t dtl__tp_qweight_rows(const dtl_tp_qweight *w);
+/* The scratch a forward of tokens tokens through p takes (none for a dense projection), before its agreement. */
+dtl_status dtl__tp_proj_reserve(dtl_tp_context *ctx, const dtl__tp_proj *p, int64_t tokens);
+/* The quantized half of dtl__tp_proj_apply (after the bias seed): y[T, rows] (+)= x * dequantize(W)^T. */
+dtl_status dtl__tp_qproj_apply(dtl_tp_context *ctx, const dtl__tp_proj *p, float beta, int64_t tokens, const void *x,
+                               int64_t ldx, void *y, int64_t ldy);
+void dtl__tp_qproj_fini(dtl_tp_context *ctx, dtl__tp_proj *p);
+/* The quantized-weights checks every layer's params get: DTL_TP_FP8_GEMM only with quant, and with quant the
+ * dense weight pointers (names a and b; b may be NULL) NULL. */
+dtl_status dtl__tp_check_quant(const char *fn, bool quant, uint64_t flags, const char *a, const void *pa, const char *b,
+                               const void *pb);
+/* Whether a params struct with mask has quantized weights. */
+#define DTL__TP_QUANT(mask) (((mask) & DTL_TP_QUANT_WEIGHTS) != 0)
 /* y[T, rows] (leading dim ldy) = x[T, cols] (leading dim ldx) * w^T (+ bias when with_bias). */
 dtl_status dtl__tp_proj_apply(dtl_tp_context *ctx, const dtl__tp_proj *p, bool with_bias, int64_t tokens, const void *x,
                               int64_t ldx, void *y, int64_t ldy);

@@ -4,7 +4,10 @@
  * own. Inputs are small integers (|x| <= 48, products of at most a few 2s and -1s), so every sum, product and
  * partial result is exact in every dtype, i8 and bf16 included, and results are compared exactly; DTL_AVG is
  * compared with the documented rule (integer division truncating toward zero, or sum/size rounded once to
- * the dtype). Outputs start as a sentinel, so unwritten or misplaced elements show. */
+ * the dtype). Outputs start as a sentinel, so unwritten or misplaced elements show. The 8-bit floats hold each
+ * input rounded (e5m2 holds 9 as 8), and the oracle rounds alike (data moves as codes; max and min of rounded values
+ * are the rounded max and min); they reduce with max and min only, and every other op is checked to be refused. */
+#include <math.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,10 +17,10 @@
 static dtl_comm *comm;
 static int rank, size;
 
-static const dtl_dtype all_dtypes[] = {DTL_FLOAT32, DTL_FLOAT64, DTL_FLOAT16, DTL_BFLOAT16,
-                                       DTL_INT8,    DTL_UINT8,   DTL_INT32,   DTL_INT64};
+static const dtl_dtype all_dtypes[] = {DTL_FLOAT32, DTL_FLOAT64, DTL_FLOAT16,     DTL_BFLOAT16,   DTL_INT8,
+                                       DTL_UINT8,   DTL_INT32,   DTL_INT64, DTL_FLOAT8_E4M3, DTL_FLOAT8_E5M2};
 static const dtl_reduce_op all_ops[] = {DTL_SUM, DTL_PROD, DTL_MAX, DTL_MIN, DTL_AVG};
-#define NDTYPES 8
+#define NDTYPES 10
 #define NOPS 5
 /* Zero, one, a few, and enough to take MPI's segmented / ring algorithms. */
 static const size_t counts[] = {0, 1, 7, 2500};
@@ -37,6 +40,8 @@ static void put(dtl_dtype t, void *buf, size_t i, double v) {
     case DTL_UINT8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
     case DTL_INT32: ((int32_t *)buf)[i] = (int32_t)v; break;
     case DTL_INT64: ((int64_t *)buf)[i] = (int64_t)v; break;
+    case DTL_FLOAT8_E4M3: ((uint8_t *)buf)[i] = dtl__f32_to_f8e4m3((float)v); break;
+    case DTL_FLOAT8_E5M2: ((uint8_t *)buf)[i] = dtl__f32_to_f8e5m2((float)v); break;
   }
 }
 
@@ -49,8 +54,32 @@ static double get(dtl_dtype t, const void *buf, size_t i) {
     case DTL_INT8: return ((const int8_t *)buf)[i];
     case DTL_UINT8: return ((const uint8_t *)buf)[i];
     case DTL_INT32: return ((const int32_t *)buf)[i];
-    default: return (double)((const int64_t *)buf)[i];
+    case DTL_FLOAT8_E4M3: return dtl__f8e4m3_to_f32(((const uint8_t *)buf)[i]);
+    case DTL_FLOAT8_E5M2: return dtl__f8e5m2_to_f32(((const uint8_t *)buf)[i]);
+    case DTL_INT64: break;
   }
+  return (double)((const int64_t *)buf)[i];
+}
+
+/* The value t holds for v: v itself, except in the 8-bit floats, which round it. */
+static double held(dtl_dtype t, double v) {
+  unsigned char b[8];
+  put(t, b, 0, v);
+  return get(t, b, 0);
+}
+
+static bool is_fp8(dtl_dtype t) { return t == DTL_FLOAT8_E4M3 || t == DTL_FLOAT8_E5M2; }
+
+/* The 8-bit floats reduce with max and min only (types.h): a sum, product or average would round at every step. */
+static bool fp8_refused(dtl_dtype t, dtl_reduce_op op) { return is_fp8(t) && op != DTL_MAX && op != DTL_MIN; }
+
+/* A refused reduction: DTL_ERR_UNSUPPORTED from call, its message naming the call, the dtype, the op and why. */
+static void check_refused(dtl_status st, const char *call, dtl_dtype t, dtl_reduce_op op) {
+  char why[96];
+  snprintf(why, sizeof why, "%s %s would round at every step; reduce in f32 or bf16", dtl_dtype_name(t),
+           dtl_reduce_op_name(op));
+  CHECK(st == DTL_ERR_UNSUPPORTED && strstr(dtl_last_error(), call) && strstr(dtl_last_error(), why),
+        "%s on %s %s -> %s: %s", call, dtl_dtype_name(t), dtl_reduce_op_name(op), dtl_status_name(st), dtl_last_error());
 }
 
 static void *sentinel_buf(size_t elems, dtl_dtype t) {
@@ -121,7 +150,7 @@ static double oracle_reduce(dtl_dtype t, dtl_reduce_op op, size_t i, int salt) {
 #define EXPECT_ELEMENTS(t, got, n, want_expr, ...)                                                   \
   do {                                                                                               \
     for (size_t i = 0; i < (n); i++) {                                                               \
-      double w_ = (want_expr), g_ = get((t), (got), i);                                              \
+      double w_ = held((t), (want_expr)), g_ = get((t), (got), i);                                   \
       if (g_ != w_) {                                                                                \
         char what_[160];                                                                             \
         snprintf(what_, sizeof what_, __VA_ARGS__);                                                  \
@@ -199,13 +228,19 @@ static void reduce_combines_every_rank_on_root_only(void) {
           int root = (o + k) % size, salt = 4 + o;
           void *send = sentinel_buf(n, t), *recv = (rank == root && in_place) ? send : sentinel_buf(n, t);
           for (size_t i = 0; i < n; i++) put(t, send, i, gen_reduce(t, op, rank, i, salt));
-          CHECK_OK(dtl_reduce(comm, send, recv, n, t, op, root));
-          if (rank == root)
+          dtl_status st = dtl_reduce(comm, send, recv, n, t, op, root);
+          if (fp8_refused(t, op)) {
+            check_refused(st, "dtl_reduce", t, op);
+            CHECK(in_place || untouched(recv, n * esz(t)), "a refused reduce wrote recv");
+          } else if (rank == root) {
+            CHECK(st == DTL_OK, "dtl_reduce: %s", dtl_last_error());
             EXPECT_ELEMENTS(t, recv, n, oracle_reduce(t, op, i, salt), "reduce %s %s n=%zu in_place=%d",
                             dtl_dtype_name(t), dtl_reduce_op_name(op), n, in_place);
-          else
+          } else {
+            CHECK(st == DTL_OK, "dtl_reduce: %s", dtl_last_error());
             CHECK(untouched(recv, n * esz(t)), "reduce wrote recv on non-root (%s %s)", dtl_dtype_name(t),
                   dtl_reduce_op_name(op));
+          }
           if (!(rank == root && in_place)) {
             EXPECT_ELEMENTS(t, send, n, gen_reduce(t, op, rank, i, salt), "reduce changed its input (%s %s)",
                             dtl_dtype_name(t), dtl_reduce_op_name(op));
@@ -275,9 +310,15 @@ static void all_reduce_gives_every_rank_the_reduction(void) {
           int salt = 7 + o + k;
           void *send = sentinel_buf(n, t), *recv = in_place ? send : sentinel_buf(n, t);
           for (size_t i = 0; i < n; i++) put(t, send, i, gen_reduce(t, op, rank, i, salt));
-          CHECK_OK(dtl_all_reduce(comm, send, recv, n, t, op));
-          EXPECT_ELEMENTS(t, recv, n, oracle_reduce(t, op, i, salt), "all_reduce %s %s n=%zu in_place=%d",
-                          dtl_dtype_name(t), dtl_reduce_op_name(op), n, in_place);
+          dtl_status st = dtl_all_reduce(comm, send, recv, n, t, op);
+          if (fp8_refused(t, op)) {
+            check_refused(st, "dtl_all_reduce", t, op);
+            CHECK(in_place || untouched(recv, n * esz(t)), "a refused all_reduce wrote recv");
+          } else {
+            CHECK(st == DTL_OK, "dtl_all_reduce: %s", dtl_last_error());
+            EXPECT_ELEMENTS(t, recv, n, oracle_reduce(t, op, i, salt), "all_reduce %s %s n=%zu in_place=%d",
+                            dtl_dtype_name(t), dtl_reduce_op_name(op), n, in_place);
+          }
           if (!in_place) {
             EXPECT_ELEMENTS(t, send, n, gen_reduce(t, op, rank, i, salt), "all_reduce changed its input");
             free(recv);
@@ -298,10 +339,16 @@ static void reduce_scatter_gives_rank_r_block_r_of_the_reduction(void) {
           void *send = sentinel_buf(total, t);
           void *recv = in_place ? (char *)send + (size_t)rank * n * esz(t) : sentinel_buf(n, t);
           for (size_t i = 0; i < total; i++) put(t, send, i, gen_reduce(t, op, rank, i, salt));
-          CHECK_OK(dtl_reduce_scatter(comm, send, recv, n, t, op));
-          EXPECT_ELEMENTS(t, recv, n, oracle_reduce(t, op, (size_t)rank * n + i, salt),
-                          "reduce_scatter %s %s n=%zu in_place=%d", dtl_dtype_name(t), dtl_reduce_op_name(op), n,
-                          in_place);
+          dtl_status st = dtl_reduce_scatter(comm, send, recv, n, t, op);
+          if (fp8_refused(t, op)) {
+            check_refused(st, "dtl_reduce_scatter", t, op);
+            CHECK(in_place || untouched(recv, n * esz(t)), "a refused reduce_scatter wrote recv");
+          } else {
+            CHECK(st == DTL_OK, "dtl_reduce_scatter: %s", dtl_last_error());
+            EXPECT_ELEMENTS(t, recv, n, oracle_reduce(t, op, (size_t)rank * n + i, salt),
+                            "reduce_scatter %s %s n=%zu in_place=%d", dtl_dtype_name(t), dtl_reduce_op_name(op), n,
+                            in_place);
+          }
           if (!in_place) free(recv);
           free(send);
         }
@@ -322,10 +369,16 @@ static void reduce_scatterv_gives_rank_r_its_uneven_block_including_empty_ones(v
           void *send = sentinel_buf(total, t);
           void *recv = in_place ? (char *)send + off[rank] * esz(t) : sentinel_buf(rc[rank], t);
           for (size_t i = 0; i < total; i++) put(t, send, i, gen_reduce(t, op, rank, i, salt));
-          CHECK_OK(dtl_reduce_scatterv(comm, send, recv, rc, t, op));
-          EXPECT_ELEMENTS(t, recv, rc[rank], oracle_reduce(t, op, off[rank] + i, salt),
-                          "reduce_scatterv %s %s pattern=%d in_place=%d", dtl_dtype_name(t), dtl_reduce_op_name(op),
-                          pattern, in_place);
+          dtl_status st = dtl_reduce_scatterv(comm, send, recv, rc, t, op);
+          if (fp8_refused(t, op)) {
+            check_refused(st, "dtl_reduce_scatterv", t, op);
+            CHECK(in_place || untouched(recv, rc[rank] * esz(t)), "a refused reduce_scatterv wrote recv");
+          } else {
+            CHECK(st == DTL_OK, "dtl_reduce_scatterv: %s", dtl_last_error());
+            EXPECT_ELEMENTS(t, recv, rc[rank], oracle_reduce(t, op, off[rank] + i, salt),
+                            "reduce_scatterv %s %s pattern=%d in_place=%d", dtl_dtype_name(t), dtl_reduce_op_name(op),
+                            pattern, in_place);
+          }
           if (!in_place) free(recv);
           free(send);
         }
@@ -390,14 +443,15 @@ static void all_to_allv_delivers_uneven_blocks_including_empty_ones(void) {
   }
 }
 
-/* Messages of megabytes make MPI switch to its segmented and ring algorithms, which call the f16/bf16
- * operators on partial segments. */
+/* Messages of megabytes make MPI switch to its segmented and ring algorithms, which call the f16/bf16 and 8-bit
+ * float operators on partial segments. */
 static void large_reductions_match_the_oracle_under_segmented_algorithms(void) {
-  static const dtl_dtype types[] = {DTL_FLOAT16, DTL_BFLOAT16, DTL_FLOAT32, DTL_INT8};
-  for (int d = 0; d < 4; d++)
-    for (int o = 0; o < NOPS; o += 2) { /* sum, max, avg */
+  static const dtl_dtype types[] = {DTL_FLOAT16, DTL_BFLOAT16, DTL_FLOAT32, DTL_INT8, DTL_FLOAT8_E4M3};
+  for (int d = 0; d < 5; d++)
+    for (int o = 0; o < NOPS; o += 2) { /* sum, max, avg (e4m3: max; e5m2 has the same operator) */
       dtl_dtype t = types[d];
       dtl_reduce_op op = all_ops[o];
+      if (fp8_refused(t, op)) continue;
       size_t n = (size_t)1 << 18;
       void *buf = sentinel_buf(n, t);
       for (size_t i = 0; i < n; i++) put(t, buf, i, gen_reduce(t, op, rank, i, 23));
@@ -413,6 +467,66 @@ static void large_reductions_match_the_oracle_under_segmented_algorithms(void) {
                       dtl_dtype_name(t), dtl_reduce_op_name(op));
       free(send);
       free(recv);
+    }
+}
+
+/* Max and min of the 8-bit floats are exact: over every code on every rank (NaNs, infinities, both zeros, subnormals),
+ * each result element is one of its inputs' codes, and without a NaN among them one of the greatest (least) value.
+ * A NaN may win or lose, as for the other floats (which one depends on the order). */
+static void fp8_max_and_min_give_one_of_the_inputs_for_every_code(void) {
+  const size_t n = 512;
+  for (int f = 0; f < 2; f++)
+    for (int o = 0; o < 2; o++) {
+      dtl_dtype t = f ? DTL_FLOAT8_E5M2 : DTL_FLOAT8_E4M3;
+      dtl_reduce_op op = o ? DTL_MIN : DTL_MAX;
+      uint8_t in[512], out[512];
+      for (size_t i = 0; i < n; i++) in[i] = (uint8_t)(mix((size_t)rank, i, 31) % 256);
+      for (size_t i = 0; i < n / 2; i++) in[i] = (uint8_t)(i + (size_t)rank * 37); /* every code on every rank */
+      memset(out, SENTINEL, sizeof out);
+      CHECK_OK(dtl_all_reduce(comm, in, out, n, t, op));
+      for (size_t i = 0; i < n; i++) {
+        bool nan = false, found = false;
+        double best = 0;
+        for (int r = 0; r < size; r++) {
+          uint8_t c = r == rank ? in[i] : (uint8_t)(i < n / 2 ? i + (size_t)r * 37 : mix((size_t)r, i, 31) % 256);
+          double v = get(t, &c, 0);
+          nan |= isnan(v);
+          if (r == 0 || (op == DTL_MAX ? v > best : v < best)) best = v; /* (meaningless with a NaN) */
+        }
+        for (int r = 0; r < size && !found; r++) {
+          uint8_t c = (uint8_t)(i < n / 2 ? i + (size_t)r * 37 : mix((size_t)r, i, 31) % 256);
+          found = c == out[i] && (nan || get(t, &c, 0) == best);
+        }
+        CHECK(found, "%s %s element %zu: code 0x%02x is not %s input", dtl_dtype_name(t), dtl_reduce_op_name(op), i,
+              out[i], nan ? "an" : "the winning");
+        if (!found) break;
+      }
+    }
+}
+
+/* Sums, products and averages of the 8-bit floats are refused by every reducing call, blocking or not, on every
+ * rank, with the reason, and write nothing (no request either). */
+static void fp8_sums_products_and_averages_are_refused_by_every_reducing_call(void) {
+  static const dtl_reduce_op ops[] = {DTL_SUM, DTL_PROD, DTL_AVG};
+  const size_t n = 3;
+  for (int f = 0; f < 2; f++)
+    for (int o = 0; o < 3; o++) {
+      dtl_dtype t = f ? DTL_FLOAT8_E5M2 : DTL_FLOAT8_E4M3;
+      dtl_reduce_op op = ops[o];
+      uint8_t send[3 * 64], recv[3 * 64];
+      size_t counts[64];
+      for (int r = 0; r < size; r++) counts[r] = n;
+      memset(send, 0x38, sizeof send); /* 1.0 in e4m3 */
+      memset(recv, SENTINEL, sizeof recv);
+      dtl_request *req = (dtl_request *)&req; /* a value no start would store */
+      check_refused(dtl_all_reduce(comm, send, recv, n, t, op), "dtl_all_reduce", t, op);
+      check_refused(dtl_reduce(comm, send, recv, n, t, op, 0), "dtl_reduce", t, op);
+      check_refused(dtl_reduce_scatter(comm, send, recv, n, t, op), "dtl_reduce_scatter", t, op);
+      check_refused(dtl_reduce_scatterv(comm, send, recv, counts, t, op), "dtl_reduce_scatterv", t, op);
+      check_refused(dtl_all_reduce_async(comm, send, recv, n, t, op, &req), "dtl_all_reduce_async", t, op);
+      check_refused(dtl_reduce_scatter_async(comm, send, recv, n, t, op, &req), "dtl_reduce_scatter_async", t, op);
+      CHECK(req == (dtl_request *)&req, "a refused start stored a request");
+      CHECK(untouched(recv, sizeof recv), "a refused reduction wrote recv");
     }
 }
 
@@ -510,23 +624,25 @@ static void nonblocking_collectives_run_beside_local_work_and_complete_through_t
     void *a2a_send = sentinel_buf(total, t), *a2a_recv = sentinel_buf(total, t);
     void *a2av_send = sentinel_buf(soff[size], t), *a2av_recv = sentinel_buf(roff[size], t);
     double *ar_want = malloc(sizeof(double) * n);
-    for (size_t i = 0; i < n; i++) put(t, ar_send, i, gen_reduce(t, DTL_AVG, rank, i, 19));
+    /* avg and sum, whose division and in-place move happen in dtl_wait; the 8-bit floats max and min */
+    dtl_reduce_op ar_op = is_fp8(t) ? DTL_MAX : DTL_AVG, rs_op = is_fp8(t) ? DTL_MIN : DTL_SUM;
+    for (size_t i = 0; i < n; i++) put(t, ar_send, i, gen_reduce(t, ar_op, rank, i, 19));
     for (size_t i = 0; i < n; i++) put(t, ag_send, i, gen_move(t, rank, i, 20));
     for (size_t i = 0; i < gv[rank]; i++) put(t, (char *)agv_recv + goff[rank] * es, i, gen_move(t, rank, i, 21));
-    for (size_t i = 0; i < total; i++) put(t, rs_buf, i, gen_reduce(t, DTL_SUM, rank, i, 22));
+    for (size_t i = 0; i < total; i++) put(t, rs_buf, i, gen_reduce(t, rs_op, rank, i, 22));
     for (size_t i = 0; i < total; i++) put(t, a2a_send, i, gen_a2a(t, rank, (int)(i / n), i % n));
     for (int r = 0; r < size; r++)
       for (size_t k = 0; k < sc[r]; k++) put(t, a2av_send, soff[r] + k, gen_a2a(t, rank, r, k));
 
     dtl_request *req[6] = {NULL};
-    CHECK_OK(dtl_all_reduce_async(comm, ar_send, ar_recv, n, t, DTL_AVG, &req[0]));
+    CHECK_OK(dtl_all_reduce_async(comm, ar_send, ar_recv, n, t, ar_op, &req[0]));
     CHECK_OK(dtl_all_gather_async(comm, ag_send, ag_recv, n, t, &req[1]));
     CHECK_OK(dtl_all_gatherv_async(comm, (char *)agv_recv + goff[rank] * es, gv[rank], agv_recv, gv, t, &req[2]));
-    CHECK_OK(dtl_reduce_scatter_async(comm, rs_buf, (char *)rs_buf + (size_t)rank * n * es, n, t, DTL_SUM, &req[3]));
+    CHECK_OK(dtl_reduce_scatter_async(comm, rs_buf, (char *)rs_buf + (size_t)rank * n * es, n, t, rs_op, &req[3]));
     CHECK_OK(dtl_all_to_all_async(comm, a2a_send, a2a_recv, n, t, &req[4]));
     CHECK_OK(dtl_all_to_allv_async(comm, a2av_send, sc, a2av_recv, rc, t, &req[5]));
     /* Local work while the operations are in flight: it touches none of their buffers. */
-    for (size_t i = 0; i < n; i++) ar_want[i] = oracle_reduce(t, DTL_AVG, i, 19);
+    for (size_t i = 0; i < n; i++) ar_want[i] = oracle_reduce(t, ar_op, i, 19);
     bool started = true;
     for (int j = 0; j < 6; j++) started = started && req[j];
     if (started) poll_until_done(req, 6);
@@ -534,12 +650,12 @@ static void nonblocking_collectives_run_beside_local_work_and_complete_through_t
       if (req[j]) CHECK_OK(dtl_wait(req[j]));
 
     const char *tn = dtl_dtype_name(t);
-    EXPECT_ELEMENTS(t, ar_recv, n, ar_want[i], "all_reduce_async %s avg", tn);
+    EXPECT_ELEMENTS(t, ar_recv, n, ar_want[i], "all_reduce_async %s %s", tn, dtl_reduce_op_name(ar_op));
     EXPECT_ELEMENTS(t, ag_recv, total, gen_move(t, (int)(i / n), i % n, 20), "all_gather_async %s", tn);
     for (int r = 0; r < size; r++)
       EXPECT_ELEMENTS(t, (char *)agv_recv + goff[r] * es, gv[r], gen_move(t, r, i, 21), "all_gatherv_async %s", tn);
-    EXPECT_ELEMENTS(t, (char *)rs_buf + (size_t)rank * n * es, n, oracle_reduce(t, DTL_SUM, (size_t)rank * n + i, 22),
-                    "reduce_scatter_async %s in place", tn);
+    EXPECT_ELEMENTS(t, (char *)rs_buf + (size_t)rank * n * es, n, oracle_reduce(t, rs_op, (size_t)rank * n + i, 22),
+                    "reduce_scatter_async %s %s in place", tn, dtl_reduce_op_name(rs_op));
     EXPECT_ELEMENTS(t, a2a_recv, total, gen_a2a(t, (int)(i / n), rank, i % n), "all_to_all_async %s", tn);
     for (int r = 0; r < size; r++)
       EXPECT_ELEMENTS(t, (char *)a2av_recv + roff[r] * es, rc[r], gen_a2a(t, r, rank, i), "all_to_allv_async %s", tn);
@@ -616,6 +732,8 @@ int main(int argc, char **argv) {
   RUN(all_to_allv_delivers_uneven_blocks_including_empty_ones);
   RUN(all_to_allv_with_an_empty_side_sharing_the_other_pointer_is_not_in_place);
   RUN(large_reductions_match_the_oracle_under_segmented_algorithms);
+  RUN(fp8_max_and_min_give_one_of_the_inputs_for_every_code);
+  RUN(fp8_sums_products_and_averages_are_refused_by_every_reducing_call);
   RUN(send_recv_ring_passes_each_block_to_the_next_rank);
   RUN(nonblocking_collectives_run_beside_local_work_and_complete_through_test_then_wait);
   RUN(test_reports_not_done_while_a_peer_has_not_started);

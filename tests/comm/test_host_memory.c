@@ -110,6 +110,11 @@ static int probe_values(dtl_dtype t, double *v) {
     case DTL_INT8: v[n++] = -128, v[n++] = 127, v[n++] = -1; break;
     case DTL_INT32: v[n++] = INT32_MIN, v[n++] = INT32_MAX, v[n++] = -1; break;
     case DTL_INT64: v[n++] = (double)INT64_MIN, v[n++] = -1, v[n++] = 9007199254740992.0; break;
+    /* the extremes each 8-bit float holds: e4m3fn has no infinities, so +-448 and the smallest subnormal */
+    case DTL_FLOAT8_E4M3: v[n++] = -1, v[n++] = -0.5, v[n++] = 448, v[n++] = -448, v[n++] = 0x1p-9; break;
+    case DTL_FLOAT8_E5M2:
+      v[n++] = -1, v[n++] = INFINITY, v[n++] = -INFINITY, v[n++] = 57344, v[n++] = -57344, v[n++] = 0x1p-16;
+      break;
     default: v[n++] = -1, v[n++] = -0.5, v[n++] = INFINITY, v[n++] = -INFINITY, v[n++] = 65504, v[n++] = -65504; break;
   }
   return n;
@@ -125,6 +130,9 @@ static void identity_fill_is_neutral_for_every_dtype_and_op(void **state) {
       assert_int_equal(dtl__host_fill_identity(buf, count, (dtl_dtype)t, (dtl_reduce_op)op), DTL_OK);
       for (size_t i = count * es; i < sizeof buf; i++) assert_int_equal(buf[i], 0xcd); /* nothing past count */
       double e = t_get((dtl_dtype)t, buf, 0), x[16];
+      /* A NaN would pass every comparison below (each is false): e4m3fn has no -inf, and its NaN must not stand in. */
+      if (isnan(e)) fail_msg("dtype %s op %s: the identity is a NaN", dtl_dtype_name((dtl_dtype)t),
+                             dtl_reduce_op_name((dtl_reduce_op)op));
       for (size_t i = 1; i < count; i++) assert_memory_equal(buf, buf + i * es, es); /* every element the same */
       int n = probe_values((dtl_dtype)t, x);
       for (int k = 0; k < n; k++) {

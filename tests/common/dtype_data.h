@@ -61,7 +61,8 @@ static inline float *t_rand_reals(size_t n, float r, dtl_dtype t) {
 }
 
 /* Element i of an array of any dtype, written from and read as a double (integer-valued data in the range
- * of the dtype is exact in all of them). */
+ * of the dtype is exact in all of them, except the 8-bit floats, which hold the integers up to 16 (e4m3) or 8
+ * (e5m2) exactly and round others to nearest even, saturating e4m3 at 448). */
 static inline void t_put(dtl_dtype t, void *p, size_t i, double v) {
   switch (t) {
     case DTL_FLOAT32: ((float *)p)[i] = (float)v; break;
@@ -72,6 +73,8 @@ static inline void t_put(dtl_dtype t, void *p, size_t i, double v) {
     case DTL_UINT8: ((uint8_t *)p)[i] = (uint8_t)v; break;
     case DTL_INT32: ((int32_t *)p)[i] = (int32_t)v; break;
     case DTL_INT64: ((int64_t *)p)[i] = (int64_t)v; break;
+    case DTL_FLOAT8_E4M3: ((uint8_t *)p)[i] = dtl__f32_to_f8e4m3((float)v); break;
+    case DTL_FLOAT8_E5M2: ((uint8_t *)p)[i] = dtl__f32_to_f8e5m2((float)v); break;
   }
 }
 static inline double t_get(dtl_dtype t, const void *p, size_t i) {
@@ -84,6 +87,8 @@ static inline double t_get(dtl_dtype t, const void *p, size_t i) {
     case DTL_UINT8: return ((const uint8_t *)p)[i];
     case DTL_INT32: return ((const int32_t *)p)[i];
     case DTL_INT64: return (double)((const int64_t *)p)[i];
+    case DTL_FLOAT8_E4M3: return dtl__f8e4m3_to_f32(((const uint8_t *)p)[i]);
+    case DTL_FLOAT8_E5M2: return dtl__f8e5m2_to_f32(((const uint8_t *)p)[i]);
   }
   return 0;
 }

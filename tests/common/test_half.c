@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The shared helpers of src/common: f16/bf16 conversions checked exhaustively (every 16-bit pattern through
  * f32 and back against an independent decoding, every rounding midpoint of f32 -> f16/bf16) and against the
- * compiler's _Float16 where it has one; status names, dtype parsing and the thread-local last error. */
+ * compiler's _Float16 where it has one (the 8-bit floats: test_fp8.c); status names, dtype parsing, the 8-bit floats'
+ * reduction rule and the thread-local last error. */
 #include <float.h>
 #include <math.h>
 #include <pthread.h>
@@ -185,7 +186,8 @@ static void dtype_parse_accepts_short_and_long_names(void **state) {
                {"bf16", DTL_BFLOAT16, 2},   {"bfloat16", DTL_BFLOAT16, 2}, {"i8", DTL_INT8, 1},
                {"int8", DTL_INT8, 1},       {"u8", DTL_UINT8, 1},       {"uint8", DTL_UINT8, 1},
                {"i32", DTL_INT32, 4},       {"int32", DTL_INT32, 4},    {"i64", DTL_INT64, 8},
-               {"int64", DTL_INT64, 8}};
+               {"int64", DTL_INT64, 8},     {"f8e4m3", DTL_FLOAT8_E4M3, 1}, {"float8_e4m3fn", DTL_FLOAT8_E4M3, 1},
+               {"f8e5m2", DTL_FLOAT8_E5M2, 1}, {"float8_e5m2", DTL_FLOAT8_E5M2, 1}};
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
     dtl_dtype t = (dtl_dtype)-1;
     assert_int_equal(dtl_dtype_parse(cases[i].text, &t), DTL_OK);
@@ -195,15 +197,37 @@ static void dtype_parse_accepts_short_and_long_names(void **state) {
     assert_int_equal(dtl_dtype_parse(dtl_dtype_name(t), &again), DTL_OK);
     assert_int_equal(again, t);
   }
-  assert_int_equal(dtl_dtype_size((dtl_dtype)8), 0);
-  assert_null(dtl_dtype_name((dtl_dtype)8));
+  assert_int_equal(dtl_dtype_size((dtl_dtype)DTL_NUM_DTYPES), 0);
+  assert_null(dtl_dtype_name((dtl_dtype)DTL_NUM_DTYPES));
   assert_null(dtl_reduce_op_name((dtl_reduce_op)5));
   assert_string_equal(dtl_reduce_op_name(DTL_AVG), "avg");
 }
 
+/* The 8-bit floats reduce exactly or not at all: max and min only, the others refused with the reason. */
+static void fp8_reductions_other_than_max_and_min_are_refused_with_the_reason(void **state) {
+  (void)state;
+  for (int t = 0; t < DTL_NUM_DTYPES; t++)
+    for (int op = 0; op < DTL_NUM_REDUCE_OPS; op++) {
+      char why[256] = "untouched";
+      bool fp8 = t == DTL_FLOAT8_E4M3 || t == DTL_FLOAT8_E5M2, exact = op == DTL_MAX || op == DTL_MIN;
+      bool refused = dtl__reduce_rounds((dtl_dtype)t, (dtl_reduce_op)op, why, sizeof why);
+      assert_int_equal(refused, fp8 && !exact);
+      if (!refused) {
+        assert_string_equal(why, "untouched");
+        continue;
+      }
+      char want[128];
+      snprintf(want, sizeof want, "%s %s would round at every step; reduce in f32 or bf16 and convert",
+               dtl_dtype_name((dtl_dtype)t), dtl_reduce_op_name((dtl_reduce_op)op));
+      assert_non_null(strstr(why, want));
+    }
+  assert_true(dtl__dtype_is_fp8(DTL_FLOAT8_E4M3) && dtl__dtype_is_fp8(DTL_FLOAT8_E5M2));
+  assert_false(dtl__dtype_is_fp8(DTL_UINT8) || dtl__dtype_is_fp8(DTL_BFLOAT16));
+}
+
 static void dtype_parse_rejects_unknown_text_and_names_it(void **state) {
   (void)state;
-  static const char *const bad[] = {"f33", "", "F32", "float", "i16", "f32 "};
+  static const char *const bad[] = {"f33", "", "F32", "float", "i16", "f32 ", "f8", "F8_E4M3", "float8_e4m3"};
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
     dtl_dtype t = DTL_INT64;
     assert_int_equal(dtl_dtype_parse(bad[i], &t), DTL_ERR_INVALID_ARGUMENT);
@@ -213,7 +237,10 @@ static void dtype_parse_rejects_unknown_text_and_names_it(void **state) {
     assert_non_null(strstr(dtl_last_error(), "dtl_dtype_parse"));
     assert_non_null(strstr(dtl_last_error(), want));
   }
+  /* the message lists every name */
   dtl_dtype t;
+  assert_int_equal(dtl_dtype_parse("f33", &t), DTL_ERR_INVALID_ARGUMENT);
+  for (int k = 0; k < DTL_NUM_DTYPES; k++) assert_non_null(strstr(dtl_last_error(), dtl_dtype_name((dtl_dtype)k)));
   assert_int_equal(dtl_dtype_parse(NULL, &t), DTL_ERR_INVALID_ARGUMENT);
   assert_string_equal(dtl_last_error(), "dtl_dtype_parse: text=NULL");
   assert_int_equal(dtl_dtype_parse("f32", NULL), DTL_ERR_INVALID_ARGUMENT);
@@ -265,6 +292,7 @@ int main(void) {
       cmocka_unit_test(status_names_spell_the_enum),
       cmocka_unit_test(dtype_parse_accepts_short_and_long_names),
       cmocka_unit_test(dtype_parse_rejects_unknown_text_and_names_it),
+      cmocka_unit_test(fp8_reductions_other_than_max_and_min_are_refused_with_the_reason),
       cmocka_unit_test(last_error_is_per_thread_and_survives_success),
       cmocka_unit_test(long_messages_are_truncated_not_overflowed),
   };

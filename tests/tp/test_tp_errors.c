@@ -161,12 +161,12 @@ static void unknown_or_misplaced_mask_and_flags_bits_are_rejected_naming_the_fie
   dtl_tp_linear_params lp = {.mask = DTL_TP_SEQUENCE_PARALLEL, .kind = DTL_TP_COLUMN, .in_features = 2,
                              .out_features = 2, .weight = w};
   CHECK_ERROR(dtl_tp_linear_create(E.ctx, &lp, &l), DTL_ERR_INVALID_ARGUMENT,
-              "dtl_tp_linear_create: params.mask=0x1 has unknown bits 0x1 (none are defined)");
+              "dtl_tp_linear_create: params.mask=0x1 has unknown bits 0x1 (known: DTL_TP_QUANT_WEIGHTS)");
   lp.mask = 0;
   lp.flags = DTL_TP_GATHER_OUTPUT | DTL_BIT(5);
   CHECK_ERROR(dtl_tp_linear_create(E.ctx, &lp, &l), DTL_ERR_INVALID_ARGUMENT,
               "params.flags=0x22 has unknown bits 0x20 (known: DTL_TP_SEQUENCE_PARALLEL, DTL_TP_GATHER_OUTPUT, "
-              "DTL_TP_SHARDED_WEIGHTS)");
+              "DTL_TP_SHARDED_WEIGHTS, DTL_TP_FP8_GEMM)");
   dtl_tp_mlp *m = NULL;
   dtl_tp_mlp_params mp = {.flags = DTL_BIT(5), .activation = DTL_TP_ACT_GELU, .hidden = 2, .ffn = 2, .gate_up = w,
                           .down = w};
@@ -178,7 +178,8 @@ static void unknown_or_misplaced_mask_and_flags_bits_are_rejected_naming_the_fie
   dtl_tp_attention_params ap = {.mask = DTL_TP_SEQUENCE_PARALLEL | DTL_TP_SCALE, .hidden = 2, .q_heads = E.tp,
                                 .kv_heads = E.tp, .head_dim = 1, .qkv = w, .out = w, .scale = 1};
   CHECK_ERROR(dtl_tp_attention_create(E.ctx, &ap, &a), DTL_ERR_INVALID_ARGUMENT,
-              "dtl_tp_attention_create: params.mask=0x5 has unknown bits 0x1 (known: DTL_TP_SCALE, DTL_TP_ROPE)");
+              "dtl_tp_attention_create: params.mask=0x5 has unknown bits 0x1 (known: DTL_TP_SCALE, DTL_TP_ROPE, "
+              "DTL_TP_QUANT_WEIGHTS)");
   ap.mask = DTL_TP_SCALE;
   ap.flags = DTL_TP_SCALE;
   CHECK_ERROR(dtl_tp_attention_create(E.ctx, &ap, &a), DTL_ERR_INVALID_ARGUMENT,

@@ -63,7 +63,7 @@ static double get(dtl_dtype t, const void *buf, size_t i) {
 
 /* The value t holds for v: v itself, except in the 8-bit floats, which round it. */
 static double held(dtl_dtype t, double v) {
-  unsigned char b[8];
+  unsigned char b[8] = {0};
   put(t, b, 0, v);
   return get(t, b, 0);
 }

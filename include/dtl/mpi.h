@@ -35,7 +35,8 @@ DTL_API MPI_Comm dtl_comm_mpi_handle(const dtl_comm *c);
  * same whichever algorithm runs and from run to run. MPI does not promise an order over 3 or more ranks, so
  * the table never chooses the MPI call for those (only DTL_ALGO forcing it does, giving the promise up); with 2
  * ranks, for integers, and for MAX and MIN, the order does not change the result (for floating MAX and MIN up to
- * the sign of a zero and which NaN). */
+ * the sign of a zero and which NaN). The 8-bit floats move as bytes (MPI_UINT8_T) and reduce (max and min only,
+ * <dtl/types.h>) with dtl's own MPI_Ops, which keep the winning input's code. */
 /* "collective:algorithm" of the last call on c that had a choice (e.g. "reduce_scatter:a2a_fold"), "" before
  * the first or for a communicator of another transport. The text stays valid until the next call of this. */
 DTL_API const char *dtl_comm_mpi_last_algorithm(const dtl_comm *c);

@@ -22,7 +22,11 @@
  * ncclReduce calls, one rooted at each block's owner; equal counts take ncclReduceScatter.
  * DTL_AVG is ncclAvg for floating types (NCCL pre-multiplies by 1/size, so rounding may differ from the
  * MPI backend in the last bit); for integer types it is an exact ncclSum followed by a division kernel
- * that truncates toward zero, as on MPI. dtl_send/dtl_recv to the own rank return DTL_ERR_UNSUPPORTED
+ * that truncates toward zero, as on MPI. The 8-bit floats move as ncclFloat8e4m3 / ncclFloat8e5m2 where both the
+ * headers dtl was built with and the library are NCCL 2.24 or later (else as ncclUint8); their max and min (the only
+ * reductions they have, <dtl/types.h>) are NCCL's FP8 reductions, which also need a device of compute capability
+ * 9.0 or more: elsewhere they are DTL_ERR_UNSUPPORTED on that communicator, naming the NCCL version or the device,
+ * and so is a Partial(max/min) layout of those dtypes on its meshes. dtl_send/dtl_recv to the own rank return DTL_ERR_UNSUPPORTED
  * (NCCL does not buffer; it would never complete). dtl_sendrecv is one group of ncclSend + ncclRecv, a
  * device copy when both peers are the own rank; dtl_sendrecv_async is DTL_ERR_UNSUPPORTED. In-place all-to-all is DTL_ERR_INVALID_ARGUMENT.
  * Counts that disagree between ranks cannot be detected by NCCL and are undefined behaviour (a hang).

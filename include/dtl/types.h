@@ -31,9 +31,10 @@ typedef enum {
    * holds: -448 for e4m3fn, which has no infinity, -inf for e5m2 (min: +448, +inf). DTL_SUM, DTL_PROD and DTL_AVG
    * would round to 3 or 2 mantissa bits at every step of a fold, so they are refused with DTL_ERR_UNSUPPORTED ("f8e4m3
    * sum would round at every step; reduce in f32 or bf16 and convert"): in every reducing collective, and at layout
-   * creation for a Partial(sum/prod/avg) placement. On NCCL, max and min run as NCCL's FP8 reductions, which need
-   * NCCL 2.24 or later and a device of compute capability 9.0 or more; elsewhere they are refused on that
-   * communicator with the reason (layout creation of a Partial(max/min) FP8 layout on its mesh too). */
+   * creation for a Partial(sum/prod/avg) placement. On NCCL, max and min run as NCCL's FP8 reductions (NaNs as
+   * NCCL treats them), which need NCCL 2.24 or later and a device of compute capability 9.0 or more; elsewhere they
+   * are refused on that communicator with the reason (layout creation of a Partial(max/min) FP8 layout on its mesh
+   * too). */
   DTL_FLOAT8_E4M3 = 8,
   DTL_FLOAT8_E5M2 = 9
 } dtl_dtype;

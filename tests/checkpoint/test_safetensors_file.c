@@ -204,14 +204,17 @@ static void valid_hand_written_files_open_and_list_every_tensor(void **state) {
                      " \"mask\": {\"dtype\": \"BOOL\", \"shape\": [2, 2], \"data_offsets\": [20, 24]},"
                      " \"b\": {\"dtype\": \"U8\", \"shape\": [2, 3], \"data_offsets\": [0, 6], \"extra\": 1},"
                      " \"a\": {\"dtype\": \"I16\", \"shape\": [3], \"data_offsets\": [8, 14]},"
+                     " \"f8\": {\"dtype\": \"F8_E4M3\", \"shape\": [2], \"data_offsets\": [24, 26]},"
+                     " \"f8s\": {\"dtype\": \"F8_E5M2\", \"shape\": [1, 2], \"data_offsets\": [26, 28]},"
+                     " \"scale\": {\"dtype\": \"F8_E8M0\", \"shape\": [1], \"data_offsets\": [28, 29]},"
                      " \"z\": {\"dtype\": \"F32\", \"shape\": [0, 5], \"data_offsets\": [6, 6]}}   ";
   const char *p = raw_file("ok.safetensors", strlen(json), json, strlen(json), data, sizeof data);
   dtl_safetensors *f;
   assert_int_equal(dtl_safetensors_open(p, &f), DTL_OK);
-  assert_int_equal(dtl_safetensors_num_tensors(f), 4);
-  const char *names[] = {"a", "b", "mask", "z"};
-  for (size_t i = 0; i < 4; i++) assert_string_equal(dtl_safetensors_tensor_name(f, i), names[i]);
-  assert_null(dtl_safetensors_tensor_name(f, 4));
+  assert_int_equal(dtl_safetensors_num_tensors(f), 7);
+  const char *names[] = {"a", "b", "f8", "f8s", "mask", "scale", "z"};
+  for (size_t i = 0; i < 7; i++) assert_string_equal(dtl_safetensors_tensor_name(f, i), names[i]);
+  assert_null(dtl_safetensors_tensor_name(f, 7));
   assert_string_equal(dtl_safetensors_metadata(f, "format"), "pt");
   assert_string_equal(dtl_safetensors_metadata(f, "a"), "b");
   assert_null(dtl_safetensors_metadata(f, "missing"));
@@ -248,6 +251,22 @@ static void valid_hand_written_files_open_and_list_every_tensor(void **state) {
   int64_t s3[2] = {2, 3};
   assert_int_equal(dtl_safetensors_read_box(f, "b", DTL_UINT8, 2, o, s3, out), DTL_OK);
   for (int i = 0; i < 6; i++) assert_int_equal(out[i], data[i]);
+  /* F8_E4M3 and F8_E5M2 are dtl's 8-bit floats, read as their bytes; F8_E8M0 (a scale format) has no dtl dtype. */
+  assert_int_equal(dtl_safetensors_info(f, "f8", &t, &nd, shape), DTL_OK);
+  assert_int_equal(t, DTL_FLOAT8_E4M3);
+  assert_int_equal(dtl_safetensors_info(f, "f8s", &t, &nd, shape), DTL_OK);
+  assert_int_equal(t, DTL_FLOAT8_E5M2);
+  assert_string_equal(dtl_safetensors_dtype_name(f, "f8s"), "F8_E5M2");
+  int64_t s12[2] = {1, 2};
+  memset(out, 0, sizeof out);
+  assert_int_equal(dtl_safetensors_read_box(f, "f8s", DTL_FLOAT8_E5M2, 2, o, s12, out), DTL_OK);
+  assert_int_equal(out[0], data[26]);
+  assert_int_equal(out[1], data[27]);
+  int64_t s2[1] = {2};
+  assert_int_equal(dtl_safetensors_read_box(f, "f8", DTL_FLOAT8_E5M2, 1, o, s2, out), DTL_ERR_INVALID_ARGUMENT);
+  assert_non_null(strstr(dtl_last_error(), "tensor \"f8\": dtype=F8_E4M3 in the file, F8_E5M2 requested"));
+  assert_int_equal(dtl_safetensors_info(f, "scale", &t, NULL, NULL), DTL_ERR_UNSUPPORTED);
+  assert_non_null(strstr(dtl_last_error(), "tensor \"scale\": dtype=F8_E8M0 has no dtl dtype"));
   /* An empty tensor reads nothing, and may have a NULL destination. */
   int64_t z[2] = {0, 5};
   assert_int_equal(dtl_safetensors_read_box(f, "z", DTL_FLOAT32, 2, o, z, NULL), DTL_OK);
@@ -294,6 +313,8 @@ static const spec specs[] = {
     {"bf16", DTL_BFLOAT16, 2, {4, 6}},   {"i8", DTL_INT8, 3, {2, 3, 7}},     {"u8", DTL_UINT8, 4, {2, 3, 2, 5}},
     {"i32", DTL_INT32, 2, {6, 1}},       {"i64", DTL_INT64, 2, {3, 3}},      {"scalar", DTL_FLOAT32, 0, {0}},
     {"empty", DTL_FLOAT32, 3, {4, 0, 3}}, {"a.b/c d", DTL_UINT8, 1, {1}},
+    /* the 8-bit floats: every byte a code (NaNs too), stored and read as it is */
+    {"f8e4m3", DTL_FLOAT8_E4M3, 2, {16, 16}}, {"f8e5m2", DTL_FLOAT8_E5M2, 3, {2, 3, 5}},
 };
 #define NSPECS (sizeof specs / sizeof specs[0])
 
@@ -336,6 +357,8 @@ static void written_files_follow_the_format_byte_for_byte(void **state) {
   assert_non_null(strstr(hdr, "\"f32\":{\"data_offsets\":[0,140],\"dtype\":\"F32\",\"shape\":[5,7]}"));
   assert_non_null(strstr(hdr, "\"f64\":{\"data_offsets\":[140,620],\"dtype\":\"F64\",\"shape\":[3,4,5]}"));
   assert_non_null(strstr(hdr, "\"dtype\":\"F32\",\"shape\":[]}"));
+  assert_non_null(strstr(hdr, "\"f8e4m3\":{\"data_offsets\":[889,1145],\"dtype\":\"F8_E4M3\",\"shape\":[16,16]}"));
+  assert_non_null(strstr(hdr, "\"dtype\":\"F8_E5M2\",\"shape\":[2,3,5]}"));
   assert_non_null(strstr(hdr, "\"__metadata__\":{\"format\":\"dtl\",\"layers\":\"2\"}"));
   assert_true(strstr(hdr, "\"bf16\"") < strstr(hdr, "\"f16\""));
   size_t end = strlen(hdr);
@@ -467,8 +490,8 @@ static void writer_arguments_are_checked_and_a_failed_add_changes_nothing(void *
   assert_int_equal(dtl_safetensors_write_add(w, "a", DTL_FLOAT32, 2, shape, d), DTL_ERR_INVALID_ARGUMENT);
   assert_non_null(strstr(dtl_last_error(), "name=\"a\" was added before"));
   assert_int_equal(dtl_safetensors_write_add(w, "__metadata__", DTL_FLOAT32, 2, shape, d), DTL_ERR_INVALID_ARGUMENT);
-  assert_int_equal(dtl_safetensors_write_add(w, "b", (dtl_dtype)9, 2, shape, d), DTL_ERR_INVALID_ARGUMENT);
-  assert_non_null(strstr(dtl_last_error(), "dtype=9"));
+  assert_int_equal(dtl_safetensors_write_add(w, "b", (dtl_dtype)DTL_NUM_DTYPES, 2, shape, d), DTL_ERR_INVALID_ARGUMENT);
+  assert_non_null(strstr(dtl_last_error(), "dtype=10"));
   assert_int_equal(dtl_safetensors_write_add(w, "b", DTL_FLOAT32, 9, shape, d), DTL_ERR_INVALID_ARGUMENT);
   assert_non_null(strstr(dtl_last_error(), "ndim=9 (expected 0..8)"));
   int64_t neg[2] = {2, -1};

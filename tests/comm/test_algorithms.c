@@ -7,7 +7,9 @@
  * The reproducibility promise (<dtl/mpi.h>): for floating SUM, PROD and AVG the oracle is the rank-order fold,
  * ((x0 op x1) op x2) ..., each step rounded to the dtype (f16/bf16 in f32), and the inputs are not exact, so
  * the order shows in the low bits; every dtl algorithm must match it bitwise, and so must the MPI call wherever
- * the order cannot matter (integers, MAX, MIN, two ranks). Data collectives move hashed bytes. */
+ * the order cannot matter (integers, MAX, MIN, two ranks). The 8-bit floats reduce with MAX and MIN only (the
+ * other ops are refused: test_collectives.c), on codes that are neither NaN nor zero, so that no two inputs of one
+ * value differ in their bits. Data collectives move hashed bytes. */
 #include <limits.h>
 #include <math.h>
 #include <stdlib.h>
@@ -46,8 +48,10 @@ static variant variants[] = {
 };
 #define NVARIANTS ((int)(sizeof variants / sizeof variants[0]))
 
-static const dtl_dtype all_dtypes[] = {DTL_FLOAT32, DTL_FLOAT64, DTL_FLOAT16, DTL_BFLOAT16,
-                                       DTL_INT8,    DTL_UINT8,   DTL_INT32,   DTL_INT64};
+static const dtl_dtype all_dtypes[] = {DTL_FLOAT32, DTL_FLOAT64, DTL_FLOAT16,     DTL_BFLOAT16,   DTL_INT8,
+                                       DTL_UINT8,   DTL_INT32,   DTL_INT64, DTL_FLOAT8_E4M3, DTL_FLOAT8_E5M2};
+#define NDTYPES ((int)(sizeof all_dtypes / sizeof all_dtypes[0]))
+static bool fp8(dtl_dtype t) { return t == DTL_FLOAT8_E4M3 || t == DTL_FLOAT8_E5M2; }
 static const dtl_reduce_op all_ops[] = {DTL_SUM, DTL_PROD, DTL_MAX, DTL_MIN, DTL_AVG};
 
 /* --- every MPI call within the limit ----------------------------------------------------------------------------
@@ -165,6 +169,11 @@ static double real_value(int q, size_t gi, dtl_reduce_op op) {
   return ((double)(z % 2000003) - 1000001.0) / 997.0 * ldexp(1.0, (int)((z >> 32) % 7) - 3);
 }
 static int64_t int_value(int q, size_t gi) { return (int64_t)(mix((uint64_t)q + 7, gi) % 41) - 20; }
+/* A code of an 8-bit float that is neither a NaN nor a zero (e4m3: 0x01..0x7e and 0x81..0xfe; e5m2 up to 0x7c). */
+static uint8_t f8_code(dtl_dtype t, int q, size_t gi) {
+  unsigned top = t == DTL_FLOAT8_E4M3 ? 0x7e : 0x7c, z = (unsigned)(mix((uint64_t)q + 3, gi) % (2 * top));
+  return (uint8_t)(z < top ? z + 1 : 0x80 + z - top + 1);
+}
 
 static void put_input(dtl_dtype t, dtl_reduce_op op, void *buf, size_t i, int q, size_t gi) {
   double r = real_value(q, gi, op);
@@ -178,6 +187,8 @@ static void put_input(dtl_dtype t, dtl_reduce_op op, void *buf, size_t i, int q,
     case DTL_UINT8: ((uint8_t *)buf)[i] = (uint8_t)(v + 20); break;
     case DTL_INT32: ((int32_t *)buf)[i] = (int32_t)(v * 100003); break;
     case DTL_INT64: ((int64_t *)buf)[i] = v * 1000000007; break;
+    case DTL_FLOAT8_E4M3: /* fall through */
+    case DTL_FLOAT8_E5M2: ((uint8_t *)buf)[i] = f8_code(t, q, gi); break;
   }
 }
 
@@ -229,6 +240,8 @@ static void oracle(dtl_dtype t, dtl_reduce_op op, size_t gi, void *out) {
     case DTL_UINT8: FOLD_PLAIN(uint8_t, uint8_t) break;
     case DTL_INT32: FOLD_PLAIN(int32_t, uint32_t) break;
     case DTL_INT64: FOLD_PLAIN(int64_t, uint64_t) break;
+    case DTL_FLOAT8_E4M3: FOLD_FLOAT(uint8_t, dtl__f8e4m3_to_f32, dtl__f32_to_f8e4m3) break; /* max and min only */
+    case DTL_FLOAT8_E5M2: FOLD_FLOAT(uint8_t, dtl__f8e5m2_to_f32, dtl__f32_to_f8e5m2) break;
   }
 }
 
@@ -289,10 +302,11 @@ static void reductions_match_the_rank_order_fold(variant *v, size_t n) {
     if (q < rank) before += counts[q];
     total += counts[q];
   }
-  for (int ti = 0; ti < 8; ti++)
+  for (int ti = 0; ti < NDTYPES; ti++)
     for (int oi = 0; oi < 5; oi++) {
       dtl_dtype t = all_dtypes[ti];
       dtl_reduce_op op = all_ops[oi];
+      if (fp8(t) && op != DTL_MAX && op != DTL_MIN) continue;
       size_t es = dtl_dtype_size(t), big = n * p > total ? n * p : total;
       unsigned char *in = malloc(big * es + 8), *out = malloc(big * es + 8);
       /* all_reduce: n elements, global index = element */

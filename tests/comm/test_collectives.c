@@ -63,7 +63,7 @@ static double get(dtl_dtype t, const void *buf, size_t i) {
 
 /* The value t holds for v: v itself, except in the 8-bit floats, which round it. */
 static double held(dtl_dtype t, double v) {
-  unsigned char b[8];
+  unsigned char b[8] = {0};
   put(t, b, 0, v);
   return get(t, b, 0);
 }
@@ -443,15 +443,15 @@ static void all_to_allv_delivers_uneven_blocks_including_empty_ones(void) {
   }
 }
 
-/* Messages of megabytes make MPI switch to its segmented and ring algorithms, which call the f16/bf16 and 8-bit
- * float operators on partial segments. */
+/* Messages of megabytes make MPI switch to its segmented and ring algorithms, which call the f16/bf16
+ * operators on partial segments. (The 8-bit floats' operators work byte by byte, so a segment boundary cannot
+ * split an element: the small counts above and test_algorithms.c cover them.) */
 static void large_reductions_match_the_oracle_under_segmented_algorithms(void) {
-  static const dtl_dtype types[] = {DTL_FLOAT16, DTL_BFLOAT16, DTL_FLOAT32, DTL_INT8, DTL_FLOAT8_E4M3};
-  for (int d = 0; d < 5; d++)
-    for (int o = 0; o < NOPS; o += 2) { /* sum, max, avg (e4m3: max; e5m2 has the same operator) */
+  static const dtl_dtype types[] = {DTL_FLOAT16, DTL_BFLOAT16, DTL_FLOAT32, DTL_INT8};
+  for (int d = 0; d < 4; d++)
+    for (int o = 0; o < NOPS; o += 2) { /* sum, max, avg */
       dtl_dtype t = types[d];
       dtl_reduce_op op = all_ops[o];
-      if (fp8_refused(t, op)) continue;
       size_t n = (size_t)1 << 18;
       void *buf = sentinel_buf(n, t);
       for (size_t i = 0; i < n; i++) put(t, buf, i, gen_reduce(t, op, rank, i, 23));

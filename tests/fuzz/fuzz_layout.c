@@ -53,7 +53,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   dtl_status st = dtl_layout_create(mesh, t, nd, shape, pl, &l);
   if (st != DTL_OK) {
     FZ_FAILED(st, "dtl_layout_create", DTL_ERR_INVALID_ARGUMENT,
-              DTL_ERR_UNSUPPORTED); /* UNSUPPORTED: P(avg) of integers */
+              DTL_ERR_UNSUPPORTED); /* UNSUPPORTED: P(avg) of integers, P(sum/prod/avg) of the 8-bit floats */
     FZ_CHECK(l == NULL, "a failed create wrote the layout");
     dtl_mesh_destroy(mesh);
     return 0;

@@ -71,7 +71,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (st == DTL_OK) st = dtl_layout_create(mesh, t, nd, shape, b, &dst);
   if (st != DTL_OK) {
     FZ_FAILED(st, "dtl_layout_create", DTL_ERR_INVALID_ARGUMENT,
-              DTL_ERR_UNSUPPORTED); /* UNSUPPORTED: P(avg) of integers */
+              DTL_ERR_UNSUPPORTED); /* UNSUPPORTED: P(avg) of integers, P(sum/prod/avg) of the 8-bit floats */
   } else {
     const dtl_cost_model *c = mode & 0x18 ? &cost : NULL;
     const char *fn = c ? "dtl_plan_create_with_cost" : "dtl_plan_create";

@@ -6,8 +6,9 @@
  * progress() matches sends with receives and runs the collectives. What it checks: how each dtl collective
  * and dtl_sendrecv is mapped to NCCL (grouped send/recv, grouped reduces, zero counts skipped, no self
  * send), the results against a dense oracle, async error polling, non-blocking (ncclInProgress) settling,
- * error mapping and abort. The kernels and the real engine are covered by device_kernels.c and
- * nccl_world1.c on a GPU. */
+ * error mapping and abort; the 8-bit floats as NCCL's FP8 types (or as bytes before NCCL 2.24) and their max and
+ * min refused where the simulated NCCL or device cannot reduce them. The kernels and the real engine are covered
+ * by device_kernels.c and nccl_world1.c on a GPU. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -56,8 +57,21 @@ static ncclResult_t settle_to;
 static ncclResult_t fail_next;
 static int polls;
 static char last_error[128];
+/* What the simulated library and device are (ncclGetVersion, cudaDeviceGetAttribute), and the datatype of the last
+ * call enqueued. */
+static int sim_version = 22809, sim_cc_major = 9, sim_cc_minor = 0;
+static ncclDataType_t last_dt;
+
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 24, 0)
+#define SIM_FP8 1
+#define SIM_IS_FP8(t) ((t) == ncclFloat8e4m3 || (t) == ncclFloat8e5m2)
+#else
+#define SIM_FP8 0
+#define SIM_IS_FP8(t) false
+#endif
 
 static size_t nccl_size(ncclDataType_t t) {
+  if (SIM_IS_FP8(t)) return 1;
   switch (t) {
     case ncclInt8: case ncclUint8: return 1;
     case ncclFloat16: case ncclBfloat16: return 2;
@@ -66,9 +80,13 @@ static size_t nccl_size(ncclDataType_t t) {
   }
 }
 static bool nccl_is_float(ncclDataType_t t) {
-  return t == ncclFloat16 || t == ncclBfloat16 || t == ncclFloat32 || t == ncclFloat64;
+  return t == ncclFloat16 || t == ncclBfloat16 || t == ncclFloat32 || t == ncclFloat64 || SIM_IS_FP8(t);
 }
 static double load(ncclDataType_t t, const void *p, size_t i) {
+#if SIM_FP8
+  if (t == ncclFloat8e4m3) return dtl__f8e4m3_to_f32(((const uint8_t *)p)[i]);
+  if (t == ncclFloat8e5m2) return dtl__f8e5m2_to_f32(((const uint8_t *)p)[i]);
+#endif
   switch (t) {
     case ncclInt8: return ((const int8_t *)p)[i];
     case ncclUint8: return ((const uint8_t *)p)[i];
@@ -83,6 +101,11 @@ static double load(ncclDataType_t t, const void *p, size_t i) {
   return 0;
 }
 static void store(ncclDataType_t t, void *p, size_t i, double v) {
+#if SIM_FP8
+  if (t == ncclFloat8e4m3) ((uint8_t *)p)[i] = dtl__f32_to_f8e4m3((float)v);
+  if (t == ncclFloat8e5m2) ((uint8_t *)p)[i] = dtl__f32_to_f8e5m2((float)v);
+  if (SIM_IS_FP8(t)) return;
+#endif
   switch (t) {
     case ncclInt8: ((int8_t *)p)[i] = (int8_t)v; break;
     case ncclUint8: ((uint8_t *)p)[i] = (uint8_t)v; break;
@@ -106,6 +129,11 @@ static ncclResult_t issue(ncclComm_t comm, op_rec r) {
   if ((r.kind == OP_SEND || r.kind == OP_RECV) && r.peer == comm->rank)
     fail_msg("rank %d: point-to-point to itself (the own block must be a device copy)", comm->rank);
   if (r.count == 0) fail_msg("rank %d: an NCCL call with count 0 (dtl skips empty blocks)", comm->rank);
+  if (SIM_IS_FP8(r.dt) && sim_version < 22400) fail_msg("an FP8 type passed to an NCCL before 2.24");
+  if (SIM_IS_FP8(r.dt) && r.kind != OP_SEND && r.kind != OP_RECV && r.kind != OP_BCAST && r.kind != OP_ALLGATHER &&
+      (sim_cc_major < 9 || (r.op != ncclMax && r.op != ncclMin)))
+    fail_msg("an FP8 reduction NCCL cannot run (op %d, device %d.%d)", (int)r.op, sim_cc_major, sim_cc_minor);
+  last_dt = r.dt;
   assert_true(nq[comm->rank] < MAXOPS);
   queue[comm->rank][nq[comm->rank]++] = r;
   if (group_depth > 0) {
@@ -192,6 +220,10 @@ ncclResult_t ncclCommCuDevice(const ncclComm_t c, int *device) {
   *device = 0;
   return ncclSuccess;
 }
+ncclResult_t ncclGetVersion(int *version) {
+  *version = sim_version;
+  return ncclSuccess;
+}
 ncclResult_t ncclCommAbort(ncclComm_t c) {
   c->aborted = true;
   return ncclSuccess;
@@ -203,6 +235,13 @@ cudaError_t cudaGetDevice(int *d) {
   return cudaSuccess;
 }
 cudaError_t cudaSetDevice(int d) { return d == 0 ? cudaSuccess : cudaErrorInvalidDevice; }
+cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int device) {
+  if (device != 0) return cudaErrorInvalidDevice;
+  if (attr == cudaDevAttrComputeCapabilityMajor) *value = sim_cc_major;
+  else if (attr == cudaDevAttrComputeCapabilityMinor) *value = sim_cc_minor;
+  else return cudaErrorInvalidValue;
+  return cudaSuccess;
+}
 cudaError_t cudaMalloc(void **p, size_t n) {
   *p = malloc(n);
   return *p ? cudaSuccess : cudaErrorMemoryAllocation;
@@ -350,8 +389,12 @@ static void free_world(void) {
 static double val(int r, size_t i) { return (double)((r + (int)(i % 1000) * 3) % 5 - 2); }
 
 static ncclDataType_t nt(dtl_dtype t) {
+#if SIM_FP8
+  if (t == DTL_FLOAT8_E4M3) return ncclFloat8e4m3;
+  if (t == DTL_FLOAT8_E5M2) return ncclFloat8e5m2;
+#endif
   static const ncclDataType_t m[] = {ncclFloat32, ncclFloat64, ncclFloat16, ncclBfloat16, ncclInt8, ncclUint8, ncclInt32, ncclInt64};
-  return m[t];
+  return t < 8 ? m[t] : ncclUint8;
 }
 static void *buf_of(dtl_dtype t, size_t n, int r) {
   unsigned char *p = malloc(n * dtl_dtype_size(t) + 1);
@@ -814,6 +857,83 @@ static void all_to_all_in_place_and_disagreeing_own_counts_are_rejected_before_e
   free_world();
 }
 
+/* --- the 8-bit floats ------------------------------------------------------------------------------------------ */
+#if SIM_FP8
+/* On NCCL 2.24+ and an sm_90 device they move as ncclFloat8e4m3 / e5m2, and max and min reduce through NCCL; sum,
+ * prod and avg are refused (types.h) with the reason, before anything is enqueued. */
+static void fp8_moves_as_ncclfloat8_and_reduces_max_and_min_where_nccl_and_the_device_can(void **state) {
+  (void)state;
+  const size_t n = 6;
+  static const dtl_dtype types[] = {DTL_FLOAT8_E4M3, DTL_FLOAT8_E5M2};
+  static const dtl_reduce_op ops[] = {DTL_MAX, DTL_MIN};
+  FOR_WORLDS {
+    for (int ti = 0; ti < 2; ti++)
+      for (int k = 0; k < 2; k++) {
+        dtl_dtype t = types[ti];
+        assert_int_equal(make_world(p), 0);
+        void *send[MAXP], *ag[MAXP], *ar[MAXP], *rs[MAXP];
+        for (int r = 0; r < p; r++) {
+          send[r] = buf_of(t, n * (size_t)p, r);
+          ag[r] = calloc(n * (size_t)p * (size_t)p, 1);
+          ar[r] = calloc(n * (size_t)p, 1);
+          rs[r] = calloc(n, 1);
+          OK(dtl_all_gather(comms[r], send[r], ag[r], n * (size_t)p, t));
+          assert_int_equal(last_dt, nt(t));
+          OK(dtl_all_reduce(comms[r], send[r], ar[r], n * (size_t)p, t, ops[k]));
+          OK(dtl_reduce_scatter(comms[r], send[r], rs[r], n, t, ops[k]));
+          assert_int_equal(last_dt, nt(t));
+        }
+        progress();
+        for (int r = 0; r < p; r++) {
+          for (int j = 0; j < p; j++)
+            assert_memory_equal((char *)ag[r] + (size_t)j * n * (size_t)p, send[j], n * (size_t)p);
+          for (size_t i = 0; i < n * (size_t)p; i++) expect_elem(t, ar[r], i, oracle_reduce(ops[k], i, t), "all_reduce", r);
+          for (size_t i = 0; i < n; i++)
+            expect_elem(t, rs[r], i, oracle_reduce(ops[k], (size_t)r * n + i, t), "reduce_scatter", r);
+        }
+        uint8_t out[8] = {0};
+        assert_int_equal(dtl_all_reduce(comms[0], send[0], out, 4, t, DTL_SUM), DTL_ERR_UNSUPPORTED);
+        assert_non_null(strstr(dtl_last_error(), "sum would round at every step"));
+        assert_int_equal(nq[0], 0);
+        for (int r = 0; r < p; r++) free(send[r]), free(ag[r]), free(ar[r]), free(rs[r]);
+        free_world();
+      }
+  }
+}
+
+/* Before NCCL 2.24 (no FP8 types in the library) they move as bytes, and max and min are refused naming why; on a
+ * device before sm_90 they move as FP8 and max and min are refused naming the device. Nothing is enqueued for a
+ * refused call. */
+static void fp8_moves_as_bytes_before_nccl_2_24_and_max_is_refused_where_nccl_or_the_device_cannot(void **state) {
+  (void)state;
+  for (int c = 0; c < 2; c++) {
+    if (c == 0) sim_version = 22304;
+    else sim_cc_major = 8;
+    assert_int_equal(make_world(2), 0);
+    uint8_t send[2][4] = {{0x38, 0xb8, 0x01, 0x7e}, {0x40, 0x30, 0x81, 0xfe}}, ag[2][8], out[4] = {0};
+    for (int r = 0; r < 2; r++) {
+      OK(dtl_all_gather(comms[r], send[r], ag[r], 4, DTL_FLOAT8_E4M3));
+      assert_int_equal(last_dt, c == 0 ? ncclUint8 : ncclFloat8e4m3);
+    }
+    progress();
+    for (int r = 0; r < 2; r++) {
+      assert_memory_equal(ag[r], send[0], 4);
+      assert_memory_equal(ag[r] + 4, send[1], 4);
+    }
+    assert_int_equal(dtl_all_reduce(comms[0], send[0], out, 4, DTL_FLOAT8_E4M3, DTL_MAX), DTL_ERR_UNSUPPORTED);
+    assert_non_null(strstr(dtl_last_error(), "dtl_all_reduce: op=max on dtype f8e4m3 is unsupported: "));
+    assert_non_null(strstr(dtl_last_error(), c == 0 ? "the NCCL library is version code 22304, which has no FP8 types"
+                                                    : "device 0 has compute capability 8.0"));
+    assert_int_equal(dtl_reduce_scatter(comms[0], send[0], out, 2, DTL_FLOAT8_E5M2, DTL_MIN), DTL_ERR_UNSUPPORTED);
+    assert_int_equal(nq[0], 0);
+    assert_int_equal(out[0], 0);
+    free_world();
+    sim_version = 22809;
+    sim_cc_major = 9;
+  }
+}
+#endif
+
 int main(void) {
   /* The ranks of this simulation take turns in one thread, so none can wait for the others in an agreement:
    * these communicators run without DTL_CHECK (the suite's default), whose agreement tests/comm covers. */
@@ -836,6 +956,10 @@ int main(void) {
       cmocka_unit_test(a_non_blocking_comm_is_waited_on_until_its_state_settles),
       cmocka_unit_test(a_synchronous_nccl_failure_is_a_comm_error_and_closes_the_group),
       cmocka_unit_test(all_to_all_in_place_and_disagreeing_own_counts_are_rejected_before_enqueuing),
+#if SIM_FP8
+      cmocka_unit_test(fp8_moves_as_ncclfloat8_and_reduces_max_and_min_where_nccl_and_the_device_can),
+      cmocka_unit_test(fp8_moves_as_bytes_before_nccl_2_24_and_max_is_refused_where_nccl_or_the_device_cannot),
+#endif
   };
   return cmocka_run_group_tests_name("nccl transport on a simulated NCCL", tests, NULL, NULL);
 }

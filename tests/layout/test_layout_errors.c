@@ -263,14 +263,14 @@ static void partial_avg_of_an_integer_dtype_is_unsupported(void **state) {
       char want[64];
       snprintf(want, sizeof want, "placements[1]=P(avg) cannot hold dtype %s", dtl_dtype_name((dtl_dtype)t));
       LAYOUT_ERROR(DTL_ERR_UNSUPPORTED, m, (dtl_dtype)t, 1, shape, pa, want);
-    } else {
+    } else if (t != DTL_FLOAT8_E4M3 && t != DTL_FLOAT8_E5M2) { /* (their rule: the next case) */
       dtl_layout *l;
       assert_int_equal(dtl_layout_create(m, (dtl_dtype)t, 1, shape, pa, &l), DTL_OK);
       dtl_layout_destroy(l);
     }
-    /* Every other op suits every dtype. */
+    /* Every other op suits every dtype but the 8-bit floats (the next case). */
     for (int op = 0; op < DTL_NUM_REDUCE_OPS; op++) {
-      if (op == DTL_AVG) continue;
+      if (op == DTL_AVG || ((t == DTL_FLOAT8_E4M3 || t == DTL_FLOAT8_E5M2) && op != DTL_MAX && op != DTL_MIN)) continue;
       dtl_layout *l;
       assert_int_equal(dtl_layout_create(m, (dtl_dtype)t, 1, shape, (dtl_placement[]){dtl_partial((dtl_reduce_op)op), dtl_replicate()}, &l),
                        DTL_OK);
@@ -280,10 +280,44 @@ static void partial_avg_of_an_integer_dtype_is_unsupported(void **state) {
   dtl_mesh_destroy(m);
 }
 
+/* The 8-bit floats hold only the pending reductions that are exact, max and min (types.h): P(sum), P(prod) and
+ * P(avg) would round at every step, and say so. */
+static void partial_of_an_8_bit_float_other_than_max_or_min_is_unsupported(void **state) {
+  dtl_mesh *m = mesh_2x2();
+  const int64_t shape[1] = {4};
+  static const dtl_dtype fp8[] = {DTL_FLOAT8_E4M3, DTL_FLOAT8_E5M2};
+  static const dtl_reduce_op refused[] = {DTL_SUM, DTL_PROD, DTL_AVG};
+  for (int f = 0; f < 2; f++) {
+    for (int k = 0; k < 3; k++) {
+      const char *tn = dtl_dtype_name(fp8[f]), *on = dtl_reduce_op_name(refused[k]);
+      char at[64], why[128];
+      snprintf(at, sizeof at, "placements[0]=P(%s) cannot hold dtype %s", on, tn);
+      snprintf(why, sizeof why, "%s %s would round at every step; reduce in f32 or bf16 and convert", tn, on);
+      LAYOUT_ERROR(DTL_ERR_UNSUPPORTED, m, fp8[f], 1, shape, ((dtl_placement[]){dtl_partial(refused[k]), dtl_replicate()}),
+                   at, why);
+    }
+    for (int op = DTL_MAX; op <= DTL_MIN; op++) {
+      dtl_layout *l;
+      assert_int_equal(dtl_layout_create(m, fp8[f], 1, shape, (dtl_placement[]){dtl_replicate(), dtl_partial((dtl_reduce_op)op)}, &l),
+                       DTL_OK);
+      dtl_layout_destroy(l);
+    }
+    /* dtl_layout_with_placements takes the same rule, through dtl_layout_create */
+    dtl_layout *l, *out = UNTOUCHED_LAYOUT;
+    assert_int_equal(dtl_layout_create(m, fp8[f], 1, shape, RR, &l), DTL_OK);
+    assert_int_equal(dtl_layout_with_placements(l, (dtl_placement[]){dtl_replicate(), dtl_partial(DTL_SUM)}, &out),
+                     DTL_ERR_UNSUPPORTED);
+    assert_ptr_equal(out, UNTOUCHED_LAYOUT);
+    expect_message((const char *const[]){"dtl_layout_with_placements", "would round at every step", NULL});
+    dtl_layout_destroy(l);
+  }
+  dtl_mesh_destroy(m);
+}
+
 static void invalid_enum_values_are_rejected(void **state) {
   dtl_mesh *m = mesh_2x2();
   const int64_t shape[1] = {4};
-  LAYOUT_ERROR(DTL_ERR_INVALID_ARGUMENT, m, (dtl_dtype)8, 1, shape, RR, "dtype=8 (expected 0..7)");
+  LAYOUT_ERROR(DTL_ERR_INVALID_ARGUMENT, m, (dtl_dtype)DTL_NUM_DTYPES, 1, shape, RR, "dtype=10 (expected 0..9)");
   LAYOUT_ERROR(DTL_ERR_INVALID_ARGUMENT, m, (dtl_dtype)-1, 1, shape, RR, "dtype=-1");
   LAYOUT_ERROR(DTL_ERR_INVALID_ARGUMENT, m, DTL_FLOAT32, 1, shape,
                ((dtl_placement[]){dtl_replicate(), {(dtl_placement_kind)3, 0, DTL_SUM}}), "placements[1].kind=3");
@@ -394,6 +428,7 @@ int main(void) {
       cmocka_unit_test(byte_sizes_that_overflow_size_t_are_rejected),
       cmocka_unit_test(shard_dims_out_of_range_are_rejected_naming_the_range),
       cmocka_unit_test(partial_avg_of_an_integer_dtype_is_unsupported),
+      cmocka_unit_test(partial_of_an_8_bit_float_other_than_max_or_min_is_unsupported),
       cmocka_unit_test(invalid_enum_values_are_rejected),
       cmocka_unit_test(local_box_rejects_bad_arguments_and_writes_nothing),
       cmocka_unit_test(null_layout_queries_return_sentinels_without_crashing),

@@ -5,7 +5,8 @@
  * differ only on that dim. Bad shapes fail on every rank with a message naming the shape and sizes. Meshes over
  * part of the world (dtl_mesh_create_from_ranks, ranks in a shuffled order): members get the coordinate of their
  * place in the list and dim communicators over members only; the others get a non-member handle whose layouts are
- * empty; a bad list fails every rank, also the ranks outside it. */
+ * empty; a bad list fails every rank, also the ranks outside it. A transport without FP8 reductions refuses them in
+ * its collectives and its meshes' layouts. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -259,6 +260,39 @@ static void every_factorisation_gives_row_major_coordinates_and_dim_communicator
   if (world_rank == 0) printf("%d meshes over %d ranks\n", meshes, world_size);
 }
 
+/* A transport that cannot reduce the 8-bit floats (an NCCL before 2.24, a device before sm_90: nccl.c writes the
+ * reason when it makes the communicator) refuses their max and min with that reason, in its collectives and in the
+ * Partial layouts of its meshes, and still moves them. Simulated here on MPI by setting the reason. */
+static void a_transport_without_fp8_reductions_refuses_their_max_and_min_naming_why(void) {
+  static const char why[] = "device 0 has compute capability 8.0 and NCCL reduces FP8 from 9.0 (sm_90) on";
+  dtl_comm *c = NULL;
+  REQUIRE_OK(dtl_comm_from_mpi(MPI_COMM_WORLD, &c));
+  c->fp8_reduce_refusal = why;
+  dtl_mesh *m = NULL;
+  int shape[1] = {world_size};
+  REQUIRE_OK(dtl_mesh_create(c, 1, shape, &m));
+  const int64_t gshape[1] = {6};
+  dtl_layout *l = (dtl_layout *)0x5a5a;
+  CHECK_ERROR(dtl_layout_create(m, DTL_FLOAT8_E4M3, 1, gshape, (dtl_placement[]){dtl_partial(DTL_MAX)}, &l),
+              DTL_ERR_UNSUPPORTED, "placements[0]=P(max) cannot hold dtype f8e4m3: device 0 has compute capability 8.0");
+  CHECK(l == (dtl_layout *)0x5a5a, "a refused layout was written");
+  CHECK_OK(dtl_layout_create(m, DTL_FLOAT8_E4M3, 1, gshape, (dtl_placement[]){dtl_shard(0)}, &l));
+  dtl_layout_destroy(l);
+  uint8_t in[4] = {0x38, 0xb8, 0x7e, 0x01}, out[4 * 64];
+  memset(out, 0xa5, sizeof out);
+  CHECK_ERROR(dtl_all_reduce(c, in, out, 4, DTL_FLOAT8_E5M2, DTL_MIN), DTL_ERR_UNSUPPORTED,
+              "dtl_all_reduce: op=min on dtype f8e5m2 is unsupported: device 0 has compute capability 8.0");
+  CHECK(out[0] == 0xa5, "a refused all_reduce wrote recv");
+  /* the sum's own reason comes first: it is refused everywhere */
+  CHECK_ERROR(dtl_all_reduce(c, in, out, 4, DTL_FLOAT8_E4M3, DTL_SUM), DTL_ERR_UNSUPPORTED, "f8e4m3 sum would round");
+  CHECK_OK(dtl_all_gather(c, in, out, 4, DTL_FLOAT8_E4M3));
+  for (int r = 0; r < world_size; r++) CHECK(!memcmp(out + 4 * r, in, 4), "all_gather block %d", r);
+  float f[2] = {1, 2}, g[2];
+  CHECK_OK(dtl_all_reduce(c, f, g, 2, DTL_FLOAT32, DTL_MAX));
+  dtl_mesh_destroy(m);
+  dtl_comm_destroy(c);
+}
+
 int main(int argc, char **argv) {
   dt_init(&argc, &argv);
   world_rank = dt_rank;
@@ -269,6 +303,7 @@ int main(int argc, char **argv) {
   RUN(every_factorisation_gives_row_major_coordinates_and_dim_communicators);
   RUN(bad_rank_lists_fail_on_every_rank);
   RUN(meshes_over_listed_ranks_number_members_in_list_order);
+  RUN(a_transport_without_fp8_reductions_refuses_their_max_and_min_naming_why);
   dtl_comm_destroy(world);
   return dt_finish();
 }

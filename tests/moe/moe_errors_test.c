@@ -220,6 +220,22 @@ static void combine_of_an_integer_layout_is_unsupported(void) {
   dtl_moe_layout_destroy(L);
 }
 
+/* An 8-bit float layout dispatches (bytes), but its combine, a weighted sum, would round at every step. */
+static void combine_of_an_8_bit_float_layout_is_unsupported(void) {
+  dtl_moe_layout *L = NULL;
+  CHECK_OK(dtl_moe_layout_create(g_comm, g_pl, T, K, g_ids, g_w, H, DTL_FLOAT8_E4M3, NULL, &L));
+  if (!L) return;
+  int64_t rows = dtl_moe_layout_expert_rows(L);
+  uint8_t *ein = calloc((size_t)(rows * H) + 4, 1), x[T * H], y[T * H];
+  memset(x, 0x38, sizeof x);
+  memset(y, 0x5a, sizeof y);
+  CHECK_OK(dtl_moe_layout_dispatch(L, x, ein));
+  CHECK_ERROR(dtl_moe_layout_combine(L, ein, y), DTL_ERR_UNSUPPORTED, "dtype=f8e4m3");
+  CHECK(y[0] == 0x5a, "a refused combine wrote y");
+  free(ein);
+  dtl_moe_layout_destroy(L);
+}
+
 static void null_handles_are_rejected(void) {
   dtl_moe_layout *L = SENTINEL;
   CHECK_STATUS(dtl_moe_layout_create(NULL, g_pl, T, K, g_ids, g_w, H, DTL_FLOAT32, NULL, &L), DTL_ERR_INVALID_ARGUMENT);
@@ -291,6 +307,7 @@ int main(int argc, char **argv) {
   RUN(placement_over_another_group_size_is_rejected_everywhere);
   RUN(null_buffer_on_one_rank_fails_every_rank);
   RUN(combine_of_an_integer_layout_is_unsupported);
+  RUN(combine_of_an_8_bit_float_layout_is_unsupported);
   RUN(null_handles_are_rejected);
   RUN(mlp_expert_rejects_mismatched_hidden_and_unsupported_memory);
   RUN_NAMED("valid_layout_round_trips_after_the_failures", expect_round_trip());

@@ -37,6 +37,12 @@ dtl_tool_case(dtl_tool_bad_ranks_per_node "--ranks-per-node \"0\": expected one 
 dtl_tool_case(dtl_tool_bad_inter_beta "--inter-beta \"x\": expected a finite number of seconds >= 0.*exit=2\n$"
               plan --mesh 2x4 --shape 8 --from S0,R --to R,R --inter-beta x)
 dtl_tool_case(dtl_tool_help "^usage: dtl <command>.*plan .*show .*info .*exit=0\n$" --help)
+# The 8-bit floats: named in the help, planned with their exact Partials, a sum refused with the reason.
+dtl_tool_case(dtl_tool_help_dtypes "dtypes: f32 f64 f16 bf16 i8 u8 i32 i64 f8e4m3 f8e5m2 .*exit=0\n$" help)
+dtl_tool_case(dtl_tool_plan_fp8 "shape \\[8,6\\] f8e4m3 .*reduce-scatter  P\\(max\\)->S\\(0\\) .*exit=0\n$"
+              plan --mesh 2x4 --shape 8,6 --dtype f8e4m3 --from P\(max\),R --to S0,S1)
+dtl_tool_case(dtl_tool_plan_fp8_sum "DTL_ERR_UNSUPPORTED: .*P\\(sum\\) cannot hold dtype f8e5m2: f8e5m2 sum would round at every step.*exit=1\n$"
+              plan --mesh 2x4 --shape 8,6 --dtype float8_e5m2 --from S0,R --to P,R)
 # Bad arguments: a message naming what was wrong, and exit status 2.
 dtl_tool_case(dtl_tool_no_command "^usage: dtl .*exit=2\n$")
 dtl_tool_case(dtl_tool_unknown_command "unknown command \"frobnicate\".*exit=2\n$" frobnicate)

@@ -102,8 +102,8 @@ static void random_routes_match_the_dense_oracle(const tu_mesh *m, int mi, int t
     size_t count = 1;
     for (int d = 0; d < nd; d++)
       count *= (size_t)(shape[d] = big ? (d == 0 ? 20 + tu_uniform(&r, 26) : 5 + tu_uniform(&r, 9)) : tu_uniform(&r, 14));
-    static const dtl_dtype types[] = {DTL_INT32, DTL_INT64, DTL_FLOAT32};
-    dtl_dtype dt = types[tu_uniform(&r, 3)];
+    static const dtl_dtype types[] = {DTL_INT32, DTL_INT64, DTL_FLOAT32, DTL_FLOAT8_E5M2};
+    dtl_dtype dt = types[tu_uniform(&r, 4)];
     void *dense = malloc(count * dtl_dtype_size(dt) + 1);
     tu_dense(r.s, dt, count, dense);
     dtl_layout *ls[8];

@@ -93,7 +93,7 @@ static dtl_placement random_placement(uint64_t *s, int nd, dtl_reduce_op op) {
 static void scratch_never_exceeds_max_local_src_dst_on_random_plans(void **state) {
   (void)state;
   static const dtl_reduce_op ops[] = {DTL_SUM, DTL_MAX, DTL_PROD, DTL_AVG};
-  static const dtl_dtype types[] = {DTL_FLOAT32, DTL_FLOAT64, DTL_INT32, DTL_FLOAT16};
+  static const dtl_dtype types[] = {DTL_FLOAT32, DTL_FLOAT64, DTL_INT32, DTL_FLOAT16, DTL_FLOAT8_E4M3};
   uint64_t seed = 17;
   int planned = 0;
   for (int it = 0; it < 1500; it++) {
@@ -103,10 +103,11 @@ static void scratch_never_exceeds_max_local_src_dst_on_random_plans(void **state
     int nd = 1 + rng_below(&seed, 3);
     int64_t shape[3];
     for (int d = 0; d < nd; d++) shape[d] = rng_below(&seed, 13);
-    dtl_dtype t = types[rng_below(&seed, 4)];
+    dtl_dtype t = types[rng_below(&seed, 5)];
     dtl_reduce_op oa = ops[rng_below(&seed, 4)], ob = rng_below(&seed, 2) ? oa : ops[rng_below(&seed, 4)];
     if (t == DTL_INT32 && oa == DTL_AVG) oa = DTL_SUM;
     if (t == DTL_INT32 && ob == DTL_AVG) ob = DTL_SUM;
+    if (t == DTL_FLOAT8_E4M3) oa = oa == DTL_SUM ? DTL_MIN : DTL_MAX, ob = ob == DTL_SUM ? DTL_MIN : DTL_MAX; /* only */
     dtl_placement a[3], b[3];
     for (int m = 0; m < M; m++) a[m] = random_placement(&seed, nd, oa);
     for (int m = 0; m < M; m++) b[m] = random_placement(&seed, nd, ob);

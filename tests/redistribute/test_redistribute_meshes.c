@@ -21,8 +21,9 @@ typedef struct {
   long pairs, partial_over, async_runs, limited, limit_refused, exchanges;
 } stats;
 
-static const dtl_dtype all_types[] = {DTL_FLOAT32, DTL_FLOAT64, DTL_FLOAT16, DTL_BFLOAT16,
-                                      DTL_INT8,    DTL_UINT8,   DTL_INT32,   DTL_INT64};
+static const dtl_dtype all_types[] = {DTL_FLOAT32, DTL_FLOAT64, DTL_FLOAT16,     DTL_BFLOAT16,   DTL_INT8,
+                                      DTL_UINT8,   DTL_INT32,   DTL_INT64, DTL_FLOAT8_E4M3, DTL_FLOAT8_E5M2};
+#define NTYPES ((int)(sizeof all_types / sizeof all_types[0]))
 
 static size_t bytes_of(const dtl_layout *l) { return l->local_count * dtl_dtype_size(l->dtype); }
 
@@ -121,7 +122,7 @@ static void one_pair(const tu_mesh *ma, const tu_mesh *mb, MPI_Comm all, tu_rng 
   int64_t shape[3];
   size_t count = 1;
   for (int d = 0; d < nd; d++) count *= (size_t)(shape[d] = tu_uniform(r, 12));
-  dtl_dtype t = all_types[tu_uniform(r, 8)];
+  dtl_dtype t = all_types[tu_uniform(r, NTYPES)];
   dtl_placement pa[DTL_MAX_MESH_DIMS], pb[DTL_MAX_MESH_DIMS];
   placements(r, ma->mesh, nd, t, pa);
   placements(r, mb->mesh, nd, t, pb);

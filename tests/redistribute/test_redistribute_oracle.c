@@ -231,16 +231,17 @@ static void random_layouts_round_trip_and_every_pair_matches_the_dense_oracle(co
     int64_t shape[3];
     size_t count = 1;
     for (int d = 0; d < nd; d++) count *= (size_t)(shape[d] = tu_uniform(&r, 14));
-    static const dtl_dtype types[] = {DTL_INT32, DTL_INT64, DTL_FLOAT32};
-    dtl_dtype dt = types[tu_uniform(&r, 3)];
+    static const dtl_dtype types[] = {DTL_INT32, DTL_INT64, DTL_FLOAT32, DTL_FLOAT8_E4M3};
+    dtl_dtype dt = types[tu_uniform(&r, 4)];
     void *dense = malloc(count * dtl_dtype_size(dt) + 1);
     tu_dense(r.s, dt, count, dense);
     dtl_layout *ls[8];
+    dtl_reduce_op pop = dt == DTL_FLOAT8_E4M3 ? DTL_MAX : DTL_SUM; /* e4m3 holds no pending sum */
     for (int i = 0; i < nlayouts; i++) {
       dtl_placement pl[DTL_MAX_MESH_DIMS];
       tu_random_placements(&r, m->ndim, nd, dt, pl);
       if (i == 0) /* one fully sharded-or-partial source per shape at least */
-        for (int md = 0; md < m->ndim; md++) pl[md] = md % 2 ? dtl_partial(DTL_SUM) : dtl_shard(md % nd);
+        for (int md = 0; md < m->ndim; md++) pl[md] = md % 2 ? dtl_partial(pop) : dtl_shard(md % nd);
       if (dtl_layout_create(m->mesh, dt, nd, shape, pl, &ls[i]) != DTL_OK) {
         CHECK(0, "layout: %s", dtl_last_error());
         ls[i] = NULL;
@@ -267,30 +268,37 @@ static void random_layouts_round_trip_and_every_pair_matches_the_dense_oracle(co
 
 /* shard_to_partial_matches_the_dense_oracle: S(d) -> P(op) on each mesh dim, for sum, prod, max and min, on an
  * uneven tensor: each rank's target is its shard in the op's identity, so the group's reduction is the tensor
- * (DTensor's Shard -> Partial); also from a nested split, where the embed undoes the inner one. */
+ * (DTensor's Shard -> Partial); also from a nested split, where the embed undoes the inner one. And e4m3's max and
+ * min, whose identities are -448 and +448 (e4m3fn has no infinity; its values here are negative too). */
 static void shard_to_partial_matches_the_dense_oracle(const tu_mesh *m) {
   if (!m->mesh) return;
-  static const dtl_reduce_op ops[] = {DTL_SUM, DTL_PROD, DTL_MAX, DTL_MIN};
+  static const struct {
+    dtl_dtype t;
+    dtl_reduce_op op;
+  } cases[] = {{DTL_INT32, DTL_SUM}, {DTL_INT32, DTL_PROD}, {DTL_INT32, DTL_MAX},
+               {DTL_INT32, DTL_MIN}, {DTL_FLOAT8_E4M3, DTL_MAX}, {DTL_FLOAT8_E4M3, DTL_MIN}};
   const int64_t shape[2] = {7, 5};
-  int32_t dense[35];
-  tu_dense(77, DTL_INT32, 35, dense);
   pair_stats ps = {0};
-  for (int o = 0; o < 4; o++)
+  for (int o = 0; o < 6; o++)
     for (int md = 0; md < m->ndim; md++) {
+      const dtl_dtype t = cases[o].t;
+      const dtl_reduce_op op = cases[o].op;
+      int32_t dense[35]; /* 35 elements of t (at most 4 bytes each) */
+      tu_dense(77, t, 35, dense);
       dtl_placement a[DTL_MAX_MESH_DIMS], b[DTL_MAX_MESH_DIMS], c[DTL_MAX_MESH_DIMS];
       for (int k = 0; k < m->ndim; k++) a[k] = b[k] = c[k] = dtl_replicate();
       a[md] = dtl_shard(md % 2);
-      b[md] = dtl_partial(ops[o]);
+      b[md] = dtl_partial(op);
       for (int k = 0; k < m->ndim; k++) c[k] = k < md ? dtl_shard(0) : a[k]; /* outer splits of dim 0 too */
       c[md] = dtl_shard(0);
       dtl_layout *la = NULL, *lb = NULL, *lc = NULL, *ld = NULL;
       dtl_placement d[DTL_MAX_MESH_DIMS];
       memcpy(d, c, sizeof d);
-      d[md] = dtl_partial(ops[o]);
-      CHECK(dtl_layout_create(m->mesh, DTL_INT32, 2, shape, a, &la) == DTL_OK, "%s", dtl_last_error());
-      CHECK(dtl_layout_create(m->mesh, DTL_INT32, 2, shape, b, &lb) == DTL_OK, "%s", dtl_last_error());
-      CHECK(dtl_layout_create(m->mesh, DTL_INT32, 2, shape, c, &lc) == DTL_OK, "%s", dtl_last_error());
-      CHECK(dtl_layout_create(m->mesh, DTL_INT32, 2, shape, d, &ld) == DTL_OK, "%s", dtl_last_error());
+      d[md] = dtl_partial(op);
+      CHECK(dtl_layout_create(m->mesh, t, 2, shape, a, &la) == DTL_OK, "%s", dtl_last_error());
+      CHECK(dtl_layout_create(m->mesh, t, 2, shape, b, &lb) == DTL_OK, "%s", dtl_last_error());
+      CHECK(dtl_layout_create(m->mesh, t, 2, shape, c, &lc) == DTL_OK, "%s", dtl_last_error());
+      CHECK(dtl_layout_create(m->mesh, t, 2, shape, d, &ld) == DTL_OK, "%s", dtl_last_error());
       if (la && lb) every_pair_matches_the_dense_oracle(m, la, lb, dense, 5u + (uint64_t)o, &ps);
       if (lc && ld) every_pair_matches_the_dense_oracle(m, lc, ld, dense, 9u + (uint64_t)o, &ps);
       dtl_layout_destroy(la);

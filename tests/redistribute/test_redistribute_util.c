@@ -328,6 +328,8 @@ double tu_get(const void *buf, dtl_dtype t, size_t i) {
     case DTL_UINT8: return ((const uint8_t *)buf)[i];
     case DTL_INT32: return ((const int32_t *)buf)[i];
     case DTL_INT64: return (double)((const int64_t *)buf)[i];
+    case DTL_FLOAT8_E4M3: return dtl_f8e4m3_to_f32(((const uint8_t *)buf)[i]);
+    case DTL_FLOAT8_E5M2: return dtl_f8e5m2_to_f32(((const uint8_t *)buf)[i]);
   }
   abort();
 }
@@ -341,6 +343,8 @@ void tu_set(void *buf, dtl_dtype t, size_t i, double v) {
     case DTL_UINT8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
     case DTL_INT32: ((int32_t *)buf)[i] = (int32_t)v; break;
     case DTL_INT64: ((int64_t *)buf)[i] = (int64_t)v; break;
+    case DTL_FLOAT8_E4M3: ((uint8_t *)buf)[i] = dtl_f32_to_f8e4m3((float)v); break; /* rounds (17 -> 16) */
+    case DTL_FLOAT8_E5M2: ((uint8_t *)buf)[i] = dtl_f32_to_f8e5m2((float)v); break;
   }
 }
 
@@ -521,6 +525,7 @@ void tu_random_placements(tu_rng *r, int mesh_ndim, int nd, dtl_dtype t, dtl_pla
   int nops = (t == DTL_FLOAT32 || t == DTL_FLOAT64) ? 5 : 4;
   dtl_reduce_op op = ops[tu_uniform(r, nops)];
   if (tu_uniform(r, 2)) op = DTL_SUM; /* sums are the common case */
+  if (t == DTL_FLOAT8_E4M3 || t == DTL_FLOAT8_E5M2) op = op == DTL_MIN ? DTL_MIN : DTL_MAX; /* their only Partials */
   for (int md = 0; md < mesh_ndim; md++) {
     int k = tu_uniform(r, 8);
     if (k < 2 || (k < 7 && nd == 0)) out[md] = dtl_replicate();

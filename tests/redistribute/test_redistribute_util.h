@@ -86,7 +86,7 @@ int tu_uniform(tu_rng *r, int n); /* 0..n-1 */
 double tu_get(const void *buf, dtl_dtype t, size_t i);
 void tu_set(void *buf, dtl_dtype t, size_t i, double v);
 
-/* The dense tensor for seed: integers in [-20, 20] ([0, 40] for u8). */
+/* The dense tensor for seed: integers in [-20, 20] ([0, 40] for u8; the 8-bit floats hold them rounded, 17 as 16). */
 void tu_dense(uint64_t seed, dtl_dtype t, size_t count, void *out);
 /* This rank's shard of l for the dense tensor D (seeded noise: Partial(sum|avg) parts that sum to D,
  * max/min parts bounded by D with one equal to it, prod parts of +-1 with one holding the rest). Every
@@ -98,7 +98,7 @@ void tu_make_local(const dtl_layout *l, const void *dense, uint64_t seed, void *
 long tu_check_state(const tu_mesh *m, const dtl_layout *l, const void *local, const void *dense, const char *label);
 
 /* Random placements for m with tensor rank nd: R, S(d) or P; all Partial dims share one op (avg only for
- * float dtypes). */
+ * float dtypes; max or min for the 8-bit floats, which hold no other). */
 void tu_random_placements(tu_rng *r, int mesh_ndim, int nd, dtl_dtype t, dtl_placement *out);
 /* "S(0),R" */
 const char *tu_placements_text(const dtl_placement *p, int n, char *buf, size_t cap);

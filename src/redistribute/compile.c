@@ -662,8 +662,8 @@ static void dtl__fits_view(const dtl_plan *p, size_t limit, int r, int q, dtl__e
  * depends only on the shapes of the rank's boxes under the plan's placement vectors (every pass, temporary and
  * placement is sized from them), and the extent a split of parent extent E into p chunks gives coordinate c is one
  * of three: full below E's count of full chunks nf, the remainder at nf, empty above. So coordinates between two
- * consecutive breakpoints (0, and nf and nf + 1 for every parent extent that m splits in some vector) have the same
- * boxes everywhere, and the first of each run represents it. */
+ * consecutive breakpoints (0, and nf and nf + 1 for every parent extent that m splits in some vector, and 1 where a
+ * vector is Partial on m) have the same boxes and roles everywhere, and the first of each run represents it. */
 #define DTL__REP_MAX 512
 static int dtl__rep_coords(const dtl_plan *p, int m, int *out) {
   const dtl_mesh *mesh = p->src.mesh;
@@ -678,6 +678,9 @@ static int dtl__rep_coords(const dtl_plan *p, int m, int *out) {
   mark[0] = true;
   for (int i = 0; i < nv; i++) {
     const dtl_placement *pl = vec[i];
+    /* A Partial's coordinate 0 holds the value and the others its identity, which a rank may have to build in
+     * scratch (R -> P(sum) off coordinate 0): coordinate 1 stands for those. */
+    if (pl[m].kind == DTL_PARTIAL && pm > 1) mark[1] = true;
     if (pl[m].kind != DTL_SHARD) continue;
     int d = pl[m].dim, ks[DTL_MAX_MESH_DIMS], nk = 0;
     for (int k = 0; k < m; k++)

@@ -75,6 +75,18 @@ static void scratch_never_exceeds_max_local_src_dst_on_listed_cases(void **state
   }
 }
 
+/* A pair fuzz_plan found: R -> P(sum) off coordinate 0 builds the identity in scratch, so coordinate 1 of a Partial
+ * mesh dim must stand for its others when the planner checks the bound (free local copies make that route cheapest). */
+static void scratch_bound_counts_the_identity_a_partial_coordinate_builds(void **state) {
+  (void)state;
+  setenv("DTL_PLAN_TUNE", "local_beta=0", 1);
+  dtl_placement a[3], b[3];
+  parse("R,P(sum),P(sum)", 3, a);
+  parse("P(sum),S(0),S(0)", 3, b);
+  assert_true(check_every_coordinate(3, (int[]){2, 2, 2}, DTL_FLOAT32, 1, (int64_t[]){8}, a, b) != SIZE_MAX);
+  unsetenv("DTL_PLAN_TUNE");
+}
+
 static uint64_t rng_next(uint64_t *s) {
   *s = *s * 6364136223846793005ull + 1442695040888963407ull;
   return *s >> 33;
@@ -174,6 +186,7 @@ static void fits_reports_the_largest_scratch_of_any_coordinate(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(scratch_never_exceeds_max_local_src_dst_on_listed_cases),
+      cmocka_unit_test(scratch_bound_counts_the_identity_a_partial_coordinate_builds),
       cmocka_unit_test(scratch_never_exceeds_max_local_src_dst_on_random_plans),
       cmocka_unit_test(fits_reports_the_largest_scratch_of_any_coordinate),
   };

@@ -117,7 +117,7 @@ static inline void dtl__int4_group(const dtl__int4_ctx *k, int64_t gi, int64_t g
  * laid out so that one output row reads it in order, then decode from it a run of one group's values at a time.
  * The runs compute float(q - zero) * scale, the same operations as a table would, in fixed-length inner loops that
  * the compiler vectorizes even at -O2 (a variable trip count is not vectorized there). */
-enum { DTL__GPTQ_ROWS = 16, DTL__GPTQ_WORDS = 64, DTL__AWQ_ROWS = 128, DTL__AWQ_COLS = 256, DTL__INT4_ACT_GROUPS = 256 };
+enum { DTL__GPTQ_ROWS = 64, DTL__GPTQ_WORDS = 64, DTL__AWQ_ROWS = 128, DTL__AWQ_COLS = 256, DTL__INT4_ACT_GROUPS = 256 };
 
 /* 32 values of 16 bytes of GPTQ nibbles (low nibble first: a word's channels in order). */
 static inline void dtl__gptq_run32(const uint8_t *restrict b, int zero, float v, float *restrict o) {
@@ -170,6 +170,8 @@ static void dtl__tile_gptq(const dtl__int4_ctx *k, int64_t grow0, int64_t r0, in
       int nj = j_hi - jb < DTL__GPTQ_WORDS ? (int)(j_hi - jb) : DTL__GPTQ_WORDS;
       for (int j = 0; j < nj; j++) {
         const uint32_t *w = k->qw + (jb + j - k->qof[nl]) * k->qsh[nl + 1] + gr0 - k->qof[nl + 1];
+        if (j + 4 < nj) /* word columns R words apart: no hardware prefetcher follows them */
+          for (int i = 0; i < nb; i += 16) __builtin_prefetch(w + 4 * k->qsh[nl + 1] + i);
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
         for (int i = 0; i < nb; i++) nib[i][j] = w[i];
 #else
@@ -235,6 +237,11 @@ static void dtl__tile_awq(const dtl__int4_ctx *k, int64_t grow0, int64_t r0, int
       int64_t c_end = cb + DTL__AWQ_COLS < c0 + nc ? cb + DTL__AWQ_COLS : c0 + nc;
       for (int64_t c = cb; c < c_end; c++) {
         const uint32_t *w = k->qw + (k->gcol0 + c - k->qof[nl]) * k->qsh[nl + 1] + w0 - k->qof[nl + 1];
+        if (c + 8 < c_end) { /* the channels' lines are 2 KiB apart: no hardware prefetcher follows them */
+          const uint32_t *ahead = w + 8 * k->qsh[nl + 1];
+          __builtin_prefetch(ahead);
+          __builtin_prefetch(ahead + nw - 1);
+        }
         for (int64_t x = 0; x < nw; x++) buf[x][c - cb] = w[x];
       }
       for (int64_t i = ib; i < i_end; i++) {

@@ -117,7 +117,7 @@ static inline void dtl__int4_group(const dtl__int4_ctx *k, int64_t gi, int64_t g
  * laid out so that one output row reads it in order, then decode from it a run of one group's values at a time.
  * The runs compute float(q - zero) * scale, the same operations as a table would, in fixed-length inner loops that
  * the compiler vectorizes even at -O2 (a variable trip count is not vectorized there). */
-enum { DTL__GPTQ_ROWS = 64, DTL__GPTQ_WORDS = 64, DTL__AWQ_ROWS = 128, DTL__AWQ_COLS = 256, DTL__INT4_ACT_GROUPS = 256 };
+enum { DTL__GPTQ_ROWS = 64, DTL__GPTQ_WORDS = 64, DTL__AWQ_ROWS = 128, DTL__AWQ_COLS = 256, DTL__INT4_ACT_GROUPS = 128 };
 
 /* 32 values of 16 bytes of GPTQ nibbles (low nibble first: a word's channels in order). */
 static inline void dtl__gptq_run32(const uint8_t *restrict b, int zero, float v, float *restrict o) {
@@ -139,29 +139,30 @@ static void dtl__gptq_run(const uint8_t *restrict b, int64_t p, int64_t n, int z
   if (n) o[0] = (float)((int)(b[0] & 15u) - zero) * v;
 }
 
-/* Act order: the groups of a block's channels (lg, relative to *gmin) and whether their span fits the per-row tables
- * (it always does for a real act-order checkpoint's tile; otherwise each value looks its group up directly). */
+/* Act order: the groups of a block's channels (lg: 16 x the group less *gmin, its place in a row's tables) and whether
+ * their span fits the tables (a real checkpoint's does, up to 128 groups = 16384 channels at g128; otherwise each
+ * value looks its group up directly). */
 static bool dtl__int4_act_groups(const dtl__int4_ctx *k, int64_t gc, int64_t n, int32_t *lg, int64_t *gmin, int *ng) {
   const int32_t *gx = k->gidx + (gc - k->gidx0);
   int32_t lo = gx[0], hi = gx[0];
   for (int64_t c = 1; c < n; c++) lo = gx[c] < lo ? gx[c] : lo, hi = gx[c] > hi ? gx[c] : hi;
   if ((int64_t)hi - lo >= DTL__INT4_ACT_GROUPS) return false;
-  for (int64_t c = 0; c < n; c++) lg[c] = gx[c] - lo;
+  for (int64_t c = 0; c < n; c++) lg[c] = 16 * (gx[c] - lo);
   *gmin = lo;
   *ng = hi - lo + 1;
   return true;
 }
 
-/* GPTQ, qweight [C/8, R]: a word holds 8 input channels of one row, in order. Blocks of 16 rows x 64 words (one
- * cache line per word column), gathered as each row's bytes; each row then a group's run at a time (act order: the
- * group may change at every channel, so per row a scale and zero per group of the block, looked up per value). */
+/* GPTQ, qweight [C/8, R]: a word holds 8 input channels of one row, in order. Blocks of 64 rows x 64 words (four
+ * consecutive cache lines per word column, fetched ahead), gathered as each row's bytes; each row then a group's run
+ * at a time (act order: the group may change at every channel, so per row the 16 values of each group of the block,
+ * one table load per value). */
 static void dtl__tile_gptq(const dtl__int4_ctx *k, int64_t grow0, int64_t r0, int64_t nr, int64_t c0, int64_t nc,
                            float *out, int64_t ldo) {
   int nl = k->nl;
   uint32_t nib[DTL__GPTQ_ROWS][DTL__GPTQ_WORDS]; /* read as bytes: word j's channels in bytes 4j..4j+3, low first */
   int32_t lg[DTL__GPTQ_WORDS * 8];
-  float sv[DTL__INT4_ACT_GROUPS];
-  int zv[DTL__INT4_ACT_GROUPS];
+  float tab[DTL__INT4_ACT_GROUPS * 16];
   int64_t j_lo = (k->gcol0 + c0) / 8, j_hi = (k->gcol0 + c0 + nc - 1) / 8 + 1; /* global word columns */
   for (int64_t ib = 0; ib < nr; ib += DTL__GPTQ_ROWS) {
     int nb = nr - ib < DTL__GPTQ_ROWS ? (int)(nr - ib) : DTL__GPTQ_ROWS;
@@ -190,11 +191,20 @@ static void dtl__tile_gptq(const dtl__int4_ctx *k, int64_t grow0, int64_t r0, in
         float *orow = out + (ib + i) * ldo - c0;
         const uint8_t *b = (const uint8_t *)nib[i];
         if (tabled) {
-          for (int g = 0; g < ng; g++) dtl__int4_group(k, gmin + g, gr, &sv[g], &zv[g]);
-          for (int64_t c = c_lo, p = p0; c < c_hi; c++, p++) {
-            int q = (int)((b[p / 2] >> (4 * (p & 1))) & 15u), g = lg[c - c_lo];
-            orow[c] = (float)(q - zv[g]) * sv[g];
+          for (int g = 0; g < ng; g++) {
+            float v;
+            int zero;
+            dtl__int4_group(k, gmin + g, gr, &v, &zero);
+            for (int q = 0; q < 16; q++) tab[16 * g + q] = (float)(q - zero) * v;
           }
+          float *o = orow + c_lo; /* channel t of the block: nibble p0 + t, group table lg[t] */
+          int64_t t = 0, n = c_hi - c_lo;
+          if (p0 & 1) o[0] = tab[lg[0] + (b[p0 / 2] >> 4)], t = 1;
+          for (const uint8_t *x = b + (p0 + t) / 2; t + 2 <= n; t += 2, x++) {
+            o[t] = tab[lg[t] + (*x & 15u)];
+            o[t + 1] = tab[lg[t + 1] + (*x >> 4)];
+          }
+          if (t < n) o[t] = tab[lg[t] + (b[(p0 + t) / 2] & 15u)];
         } else if (k->act) {
           for (int64_t c = c_lo, p = p0; c < c_hi; c++, p++) {
             float v;
@@ -237,7 +247,7 @@ static void dtl__tile_awq(const dtl__int4_ctx *k, int64_t grow0, int64_t r0, int
       int64_t c_end = cb + DTL__AWQ_COLS < c0 + nc ? cb + DTL__AWQ_COLS : c0 + nc;
       for (int64_t c = cb; c < c_end; c++) {
         const uint32_t *w = k->qw + (k->gcol0 + c - k->qof[nl]) * k->qsh[nl + 1] + w0 - k->qof[nl + 1];
-        if (c + 8 < c_end) { /* the channels' lines are 2 KiB apart: no hardware prefetcher follows them */
+        if (c + 8 < c_end) { /* channels R/8 words apart: no hardware prefetcher follows them */
           const uint32_t *ahead = w + 8 * k->qsh[nl + 1];
           __builtin_prefetch(ahead);
           __builtin_prefetch(ahead + nw - 1);

@@ -121,6 +121,7 @@ enum { DTL__GPTQ_ROWS = 64, DTL__GPTQ_WORDS = 64, DTL__AWQ_ROWS = 128, DTL__AWQ_
 
 /* 32 values of 16 bytes of GPTQ nibbles (low nibble first: a word's channels in order). */
 static inline void dtl__gptq_run32(const uint8_t *restrict b, int zero, float v, float *restrict o) {
+#pragma GCC unroll 1 /* -O3 would unroll it whole and vectorize the loop around it instead, worse */
   for (int k = 0; k < 16; k++) {
     o[2 * k] = (float)((int)(b[k] & 15u) - zero) * v;
     o[2 * k + 1] = (float)((int)(b[k] >> 4) - zero) * v;

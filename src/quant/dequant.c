@@ -111,77 +111,117 @@ static inline void dtl__int4_group(const dtl__int4_ctx *k, int64_t gi, int64_t g
   *zero = (int)((k->qz[(gi - k->zof[nl]) * k->zsh[nl + 1] + gr / 8 - k->zof[nl + 1]] >> zshift) & 15u) + k->gptq;
 }
 
-/* The group of input channel gc; *next is where the group that the last call found ends (no division per element:
- * the loops go up the channels). */
-static inline int64_t dtl__int4_gi(const dtl__int4_ctx *k, int64_t gc, int64_t last, int64_t *next) {
-  if (k->act) return k->gidx[gc - k->gidx0];
-  if (gc < *next && last >= 0) return last;
-  int64_t gi = gc / k->group;
-  *next = (gi + 1) * k->group;
-  return gi;
-}
-
-/* The 16 values (q - zero) * v of one group's row: a table lookup per element gives the same bits as the multiply. */
-static inline void dtl__int4_table(float v, int zero, float *tab) {
-  for (int q = 0; q < 16; q++) tab[q] = (float)(q - zero) * v;
-}
-
 /* Both int4 layouts keep a tile's words far apart in memory: GPTQ's words of one row are R words apart, AWQ's of one
  * row band C/8... R/8 words apart, strides (16 KiB and 2 KiB at 4096) that map every word into the same few sets of the
  * L1 cache. So the kernels first gather a block of words into a small contiguous buffer (each cache line read once),
- * then decode from it. */
-enum { DTL__GPTQ_ROWS = 16, DTL__GPTQ_WORDS = 64, DTL__AWQ_ROWS = 128, DTL__AWQ_COLS = 256 };
+ * laid out so that one output row reads it in order, then decode from it a run of one group's values at a time.
+ * The runs compute float(q - zero) * scale, the same operations as a table would, in fixed-length inner loops that
+ * the compiler vectorizes even at -O2 (a variable trip count is not vectorized there). */
+enum { DTL__GPTQ_ROWS = 64, DTL__GPTQ_WORDS = 64, DTL__AWQ_ROWS = 128, DTL__AWQ_COLS = 256, DTL__INT4_ACT_GROUPS = 128 };
 
-/* GPTQ, qweight [C/8, R]: a word holds 8 input channels of one row, in order. Blocks of 16 rows x 64 words (one
- * cache line per word column); each row then a word at a time, through its group's table (act order: the group may
- * change at every channel, so its value directly). */
+/* 32 values of 16 bytes of GPTQ nibbles (low nibble first: a word's channels in order). */
+static inline void dtl__gptq_run32(const uint8_t *restrict b, int zero, float v, float *restrict o) {
+#pragma GCC unroll 1 /* -O3 would unroll it whole and vectorize the loop around it instead, worse */
+  for (int k = 0; k < 16; k++) {
+    o[2 * k] = (float)((int)(b[k] & 15u) - zero) * v;
+    o[2 * k + 1] = (float)((int)(b[k] >> 4) - zero) * v;
+  }
+}
+
+/* n values of one group from nibble p of a row's bytes on. */
+static void dtl__gptq_run(const uint8_t *restrict b, int64_t p, int64_t n, int zero, float v, float *restrict o) {
+  if (n > 0 && (p & 1)) *o++ = (float)((int)(b[p / 2] >> 4) - zero) * v, p++, n--;
+  b += p / 2;
+  for (; n >= 32; n -= 32, b += 16, o += 32) dtl__gptq_run32(b, zero, v, o);
+  for (; n >= 2; n -= 2, b++, o += 2) {
+    o[0] = (float)((int)(b[0] & 15u) - zero) * v;
+    o[1] = (float)((int)(b[0] >> 4) - zero) * v;
+  }
+  if (n) o[0] = (float)((int)(b[0] & 15u) - zero) * v;
+}
+
+/* Act order: the groups of a block's channels (lg: 16 x the group less *gmin, its place in a row's tables) and whether
+ * their span fits the tables (a real checkpoint's does, up to 128 groups = 16384 channels at g128; otherwise each
+ * value looks its group up directly). */
+static bool dtl__int4_act_groups(const dtl__int4_ctx *k, int64_t gc, int64_t n, int32_t *lg, int64_t *gmin, int *ng) {
+  const int32_t *gx = k->gidx + (gc - k->gidx0);
+  int32_t lo = gx[0], hi = gx[0];
+  for (int64_t c = 1; c < n; c++) lo = gx[c] < lo ? gx[c] : lo, hi = gx[c] > hi ? gx[c] : hi;
+  if ((int64_t)hi - lo >= DTL__INT4_ACT_GROUPS) return false;
+  for (int64_t c = 0; c < n; c++) lg[c] = 16 * (gx[c] - lo);
+  *gmin = lo;
+  *ng = hi - lo + 1;
+  return true;
+}
+
+/* GPTQ, qweight [C/8, R]: a word holds 8 input channels of one row, in order. Blocks of 64 rows x 64 words (four
+ * consecutive cache lines per word column, fetched ahead), gathered as each row's bytes; each row then a group's run
+ * at a time (act order: the group may change at every channel, so per row the 16 values of each group of the block,
+ * one table load per value). */
 static void dtl__tile_gptq(const dtl__int4_ctx *k, int64_t grow0, int64_t r0, int64_t nr, int64_t c0, int64_t nc,
                            float *out, int64_t ldo) {
   int nl = k->nl;
-  float tab[16];
-  uint32_t buf[DTL__GPTQ_WORDS][DTL__GPTQ_ROWS];
+  uint32_t nib[DTL__GPTQ_ROWS][DTL__GPTQ_WORDS]; /* read as bytes: word j's channels in bytes 4j..4j+3, low first */
+  int32_t lg[DTL__GPTQ_WORDS * 8];
+  float tab[DTL__INT4_ACT_GROUPS * 16];
   int64_t j_lo = (k->gcol0 + c0) / 8, j_hi = (k->gcol0 + c0 + nc - 1) / 8 + 1; /* global word columns */
   for (int64_t ib = 0; ib < nr; ib += DTL__GPTQ_ROWS) {
     int nb = nr - ib < DTL__GPTQ_ROWS ? (int)(nr - ib) : DTL__GPTQ_ROWS;
     int64_t gr0 = grow0 + r0 + ib;
     for (int64_t jb = j_lo; jb < j_hi; jb += DTL__GPTQ_WORDS) {
       int nj = j_hi - jb < DTL__GPTQ_WORDS ? (int)(j_hi - jb) : DTL__GPTQ_WORDS;
-      for (int j = 0; j < nj; j++)
-        memcpy(buf[j], k->qw + (jb + j - k->qof[nl]) * k->qsh[nl + 1] + gr0 - k->qof[nl + 1], (size_t)nb * 4);
+      for (int j = 0; j < nj; j++) {
+        const uint32_t *w = k->qw + (jb + j - k->qof[nl]) * k->qsh[nl + 1] + gr0 - k->qof[nl + 1];
+        if (j + 4 < nj) /* word columns R words apart: no hardware prefetcher follows them */
+          for (int i = 0; i < nb; i += 16) __builtin_prefetch(w + 4 * k->qsh[nl + 1] + i);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+        for (int i = 0; i < nb; i++) nib[i][j] = w[i];
+#else
+        for (int i = 0; i < nb; i++)
+          for (int b = 0; b < 4; b++) ((uint8_t *)nib[i])[4 * j + b] = (uint8_t)(w[i] >> (8 * b));
+#endif
+      }
       int64_t c_lo = jb * 8 - k->gcol0, c_hi = (jb + nj) * 8 - k->gcol0;
       if (c_lo < c0) c_lo = c0;
       if (c_hi > c0 + nc) c_hi = c0 + nc;
+      int64_t p0 = k->gcol0 + c_lo - jb * 8, gmin = 0; /* the nibble of c_lo in a row's bytes */
+      int ng = 0;
+      bool tabled = k->act && dtl__int4_act_groups(k, k->gcol0 + c_lo, c_hi - c_lo, lg, &gmin, &ng);
       for (int i = 0; i < nb; i++) {
-        int64_t gr = gr0 + i, last_g = -1, next = 0;
-        float *orow = out + (ib + i) * ldo - c0, v = 0.0f;
-        int zero = 0;
-        for (int64_t c = c_lo; c < c_hi;) {
-          int64_t gc = k->gcol0 + c, end = c + (8 - gc % 8);
-          uint32_t word = buf[gc / 8 - jb][i];
-          if (end > c_hi) end = c_hi;
-          if (k->act) {
-            for (; c < end; c++, gc++) {
-              int64_t gi = dtl__int4_gi(k, gc, last_g, &next);
-              if (gi != last_g) {
-                last_g = gi;
-                dtl__int4_group(k, gi, gr, &v, &zero);
-              }
-              orow[c] = (float)((int)((word >> (4 * (gc % 8))) & 15u) - zero) * v;
-            }
-            continue;
+        int64_t gr = gr0 + i;
+        float *orow = out + (ib + i) * ldo - c0;
+        const uint8_t *b = (const uint8_t *)nib[i];
+        if (tabled) {
+          for (int g = 0; g < ng; g++) {
+            float v;
+            int zero;
+            dtl__int4_group(k, gmin + g, gr, &v, &zero);
+            for (int q = 0; q < 16; q++) tab[16 * g + q] = (float)(q - zero) * v;
           }
-          if (end - c == 8 && gc + 8 <= next) { /* a whole word inside the group */
-            for (int q = 0; q < 8; q++) orow[c + q] = tab[(word >> (4 * q)) & 15u];
-            c += 8;
-            continue;
+          float *o = orow + c_lo; /* channel t of the block: nibble p0 + t, group table lg[t] */
+          int64_t t = 0, n = c_hi - c_lo;
+          if (p0 & 1) o[0] = tab[lg[0] + (b[p0 / 2] >> 4)], t = 1;
+          for (const uint8_t *x = b + (p0 + t) / 2; t + 2 <= n; t += 2, x++) {
+            o[t] = tab[lg[t] + (*x & 15u)];
+            o[t + 1] = tab[lg[t + 1] + (*x >> 4)];
           }
-          for (; c < end; c++, gc++) {
-            if (gc >= next || last_g < 0) {
-              last_g = dtl__int4_gi(k, gc, -1, &next);
-              dtl__int4_group(k, last_g, gr, &v, &zero);
-              dtl__int4_table(v, zero, tab);
-            }
-            orow[c] = tab[(word >> (4 * (gc % 8))) & 15u];
+          if (t < n) o[t] = tab[lg[t] + (b[(p0 + t) / 2] & 15u)];
+        } else if (k->act) {
+          for (int64_t c = c_lo, p = p0; c < c_hi; c++, p++) {
+            float v;
+            int zero;
+            dtl__int4_group(k, k->gidx[k->gcol0 + c - k->gidx0], gr, &v, &zero);
+            orow[c] = (float)((int)((b[p / 2] >> (4 * (p & 1))) & 15u) - zero) * v;
+          }
+        } else {
+          for (int64_t c = c_lo; c < c_hi;) {
+            int64_t gi = (k->gcol0 + c) / k->group, end = (gi + 1) * k->group - k->gcol0;
+            if (end > c_hi) end = c_hi;
+            float v;
+            int zero;
+            dtl__int4_group(k, gi, gr, &v, &zero);
+            dtl__gptq_run(b, p0 + c - c_lo, end - c, zero, v, orow + c);
+            c = end;
           }
         }
       }
@@ -189,50 +229,51 @@ static void dtl__tile_gptq(const dtl__int4_ctx *k, int64_t grow0, int64_t r0, in
   }
 }
 
+/* 16 values of one row of AWQ words (its nibble at shift sh of 16 consecutive channels' words). */
+static inline void dtl__awq_run16(const uint32_t *restrict w, int sh, int zero, float v, float *restrict o) {
+  for (int c = 0; c < 16; c++) o[c] = (float)((int)((w[c] >> sh) & 15u) - zero) * v;
+}
+
 /* AWQ, qweight [C, R/8]: a word holds 8 rows of one input channel, in AWQ's order. Blocks of 128 rows (up to 17 words
- * per channel) x 256 channels; then the 8 rows of one word at a time (8 output streams), a channel at a time, through
- * each row's table of its group. */
+ * per channel) x 256 channels, gathered transposed (a word row's channels contiguous); then each row a group's run
+ * at a time. */
 static void dtl__tile_awq(const dtl__int4_ctx *k, int64_t grow0, int64_t r0, int64_t nr, int64_t c0, int64_t nc,
                           float *out, int64_t ldo) {
   int nl = k->nl;
-  float tab[8][16];
-  uint32_t buf[DTL__AWQ_COLS][DTL__AWQ_ROWS / 8 + 1];
+  uint32_t buf[DTL__AWQ_ROWS / 8 + 1][DTL__AWQ_COLS];
   for (int64_t ib = 0; ib < nr; ib += DTL__AWQ_ROWS) {
     int64_t i_end = ib + DTL__AWQ_ROWS < nr ? ib + DTL__AWQ_ROWS : nr, gb = grow0 + r0 + ib;
     int64_t w0 = gb / 8, nw = (grow0 + r0 + i_end - 1) / 8 - w0 + 1;
     for (int64_t cb = c0; cb < c0 + nc; cb += DTL__AWQ_COLS) {
       int64_t c_end = cb + DTL__AWQ_COLS < c0 + nc ? cb + DTL__AWQ_COLS : c0 + nc;
-      for (int64_t c = cb; c < c_end; c++)
-        memcpy(buf[c - cb], k->qw + (k->gcol0 + c - k->qof[nl]) * k->qsh[nl + 1] + w0 - k->qof[nl + 1], (size_t)nw * 4);
-      for (int64_t i0 = ib; i0 < i_end;) {
-        int64_t gr0 = grow0 + r0 + i0, n8 = 8 - gr0 % 8, wi = gr0 / 8 - w0;
-        if (n8 > i_end - i0) n8 = i_end - i0;
-        int shift[8];
-        for (int j = 0; j < n8; j++) shift[j] = 4 * dtl__awq_nibble[(gr0 + j) % 8];
-        int64_t last_g = -1, next = 0;
-        float *o = out + i0 * ldo - c0;
-        for (int64_t c = cb; c < c_end; c++) {
-          int64_t gc = k->gcol0 + c, gi = dtl__int4_gi(k, gc, last_g, &next);
-          if (gi != last_g) {
-            last_g = gi;
-            for (int j = 0; j < n8; j++) {
-              float v;
-              int zero;
-              dtl__int4_group(k, gi, gr0 + j, &v, &zero);
-              dtl__int4_table(v, zero, tab[j]);
-            }
-          }
-          uint32_t word = buf[c - cb][wi];
-          if (n8 == 8)
-            for (int j = 0; j < 8; j++) o[j * ldo + c] = tab[j][(word >> shift[j]) & 15u];
-          else
-            for (int j = 0; j < n8; j++) o[j * ldo + c] = tab[j][(word >> shift[j]) & 15u];
+      for (int64_t c = cb; c < c_end; c++) {
+        const uint32_t *w = k->qw + (k->gcol0 + c - k->qof[nl]) * k->qsh[nl + 1] + w0 - k->qof[nl + 1];
+        if (c + 8 < c_end) { /* channels R/8 words apart: no hardware prefetcher follows them */
+          const uint32_t *ahead = w + 8 * k->qsh[nl + 1];
+          __builtin_prefetch(ahead);
+          __builtin_prefetch(ahead + nw - 1);
         }
-        i0 += n8;
+        for (int64_t x = 0; x < nw; x++) buf[x][c - cb] = w[x];
+      }
+      for (int64_t i = ib; i < i_end; i++) {
+        int64_t gr = grow0 + r0 + i;
+        int sh = 4 * dtl__awq_nibble[gr % 8];
+        const uint32_t *wrow = buf[gr / 8 - w0] - cb;
+        float *orow = out + i * ldo;
+        for (int64_t c = cb; c < c_end;) {
+          int64_t gi = (k->gcol0 + c) / k->group, end = (gi + 1) * k->group - k->gcol0;
+          if (end > c_end) end = c_end;
+          float v;
+          int zero;
+          dtl__int4_group(k, gi, gr, &v, &zero);
+          for (; c + 16 <= end; c += 16) dtl__awq_run16(wrow + c, sh, zero, v, orow + c - c0);
+          for (; c < end; c++) orow[c - c0] = (float)((int)((wrow[c] >> sh) & 15u) - zero) * v;
+        }
       }
     }
   }
 }
+
 
 static void dtl__tile_int4(const dtl__qshard *s, int64_t mat, int64_t r0, int64_t nr, int64_t c0, int64_t nc, float *out,
                            int64_t ldo) {

@@ -320,7 +320,11 @@ static void int4_tensors_larger_than_a_gather_block_equal_the_definition_at_any_
   } cases[] = {{DTL_QUANT_GPTQ, 128, 40, 1160, 0},
                {DTL_QUANT_GPTQ, 32, 24, 1048, DTL_QFMT_ACT_ORDER},
                {DTL_QUANT_AWQ, 128, 272, 600, 0},
-               {DTL_QUANT_AWQ, -1, 136, 260, 0}};
+               {DTL_QUANT_AWQ, -1, 136, 260, 0},
+               /* odd groups start runs mid-byte; act order over 350 groups spans more than a row's group tables */
+               {DTL_QUANT_GPTQ, 5, 40, 1160, 0},
+               {DTL_QUANT_GPTQ, 3, 24, 1048, DTL_QFMT_ACT_ORDER},
+               {DTL_QUANT_AWQ, 5, 136, 260, 0}};
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
     dtl_quant_format f = {.kind = cases[i].kind, .mask = DTL_QFMT_GROUP, .group = cases[i].group, .flags = cases[i].flags};
     int64_t shape[2] = {cases[i].R, cases[i].C};

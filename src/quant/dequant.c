@@ -71,17 +71,18 @@ static void dtl__tile_fp8(const dtl__qshard *s, int64_t mat, int64_t r0, int64_t
     int64_t r = r0 + i, gr = grow0 + r;
     const uint8_t *crow = codes + r * cols;
     float *orow = out + i * ldo;
-    if (f->kind == DTL_QUANT_FP8_BLOCK) {
-      int64_t srow = sbase + (gr / f->block_rows - sof[nl]) * ssh[nl + 1];
-      for (int64_t c = c0; c < c0 + nc;) {
-        int64_t b = (gcol0 + c) / f->block_cols, end = (b + 1) * f->block_cols - gcol0;
-        if (end > c0 + nc) end = c0 + nc;
-        float v = dtl__qscale_at(sc, srow + b - sof[nl + 1], f->scale_dtype);
-        for (; c < end; c++) orow[c - c0] = lut[crow[c]] * v;
-      }
-    } else {
-      float v = dtl__qscale_at(sc, f->kind == DTL_QUANT_FP8_CHANNEL ? sbase + gr - sof[nl] : sbase, f->scale_dtype);
-      for (int64_t c = c0; c < c0 + nc; c++) orow[c - c0] = lut[crow[c]] * v;
+    /* Runs of one scale (a block's columns, or the whole row), each one short loop: the per-channel and per-tensor
+     * kinds run in pieces of 128 like the block kind, which the compiler keeps in registers (a row-long loop over the
+     * lookup ran 1.6x slower). */
+    int64_t srow = f->kind == DTL_QUANT_FP8_BLOCK ? sbase + (gr / f->block_rows - sof[nl]) * ssh[nl + 1] : 0;
+    int64_t run = f->kind == DTL_QUANT_FP8_BLOCK ? f->block_cols : 128;
+    float v = f->kind == DTL_QUANT_FP8_BLOCK ? 0.0f
+              : dtl__qscale_at(sc, f->kind == DTL_QUANT_FP8_CHANNEL ? sbase + gr - sof[nl] : sbase, f->scale_dtype);
+    for (int64_t c = c0; c < c0 + nc;) {
+      int64_t b = (gcol0 + c) / run, end = (b + 1) * run - gcol0;
+      if (end > c0 + nc) end = c0 + nc;
+      if (f->kind == DTL_QUANT_FP8_BLOCK) v = dtl__qscale_at(sc, srow + b - sof[nl + 1], f->scale_dtype);
+      for (; c < end; c++) orow[c - c0] = lut[crow[c]] * v;
     }
   }
 }

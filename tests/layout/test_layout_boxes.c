@@ -10,6 +10,7 @@
 #include <string.h>
 #include <cmocka.h>
 #include "layout/layout_internal.h"
+#include "sanitized.h"
 
 /* --- the oracle ---------------------------------------------------------------------------------------- */
 
@@ -58,6 +59,8 @@ static bool next_coord(int ndim, const int *shape, int *c) {
 /* Checks one layout: every coordinate's box against the oracle, and exact coverage. */
 static void check_layout(const int *mshape, int mndim, const dtl_placement *pl, int tndim, const int64_t *tshape,
                          tally *t) {
+  static unsigned long seen; /* under ASan one layout in three (sanitized.h) */
+  if (!DTL_TEST_SAMPLED(seen, 3)) return;
   /* The mesh's own coordinate is the last one, so that dtl_layout_local_box(NULL) is checked too. */
   int own[DTL_MAX_MESH_DIMS] = {0};
   for (int md = 0; md < mndim; md++) own[md] = mshape[md] - 1;

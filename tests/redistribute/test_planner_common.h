@@ -7,17 +7,7 @@
 #ifndef TEST_PLANNER_COMMON_H
 #define TEST_PLANNER_COMMON_H
 
-/* Whether the test runs under AddressSanitizer (gcc spells it __SANITIZE_ADDRESS__, clang __has_feature). */
-#if defined(__SANITIZE_ADDRESS__)
-#define TP_SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define TP_SANITIZED 1
-#endif
-#endif
-#ifndef TP_SANITIZED
-#define TP_SANITIZED 0
-#endif
+#include "sanitized.h"
 
 #include <setjmp.h>
 #include <stdarg.h>

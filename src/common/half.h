@@ -118,10 +118,10 @@ static inline bool dtl__f8e4m3_isnan(uint8_t c) { return (c & 0x7f) == 0x7f; }
 static inline bool dtl__f8e5m2_isnan(uint8_t c) { return (c & 0x7f) > 0x7c; }
 /* (& rather than &&: no branches in the reduction loops) */
 static inline bool dtl__f8e4m3_gt(uint8_t x, uint8_t y) {
-  return !dtl__f8e4m3_isnan(x) & !dtl__f8e4m3_isnan(y) & (dtl__f8_order(x) > dtl__f8_order(y));
+  return (int)!dtl__f8e4m3_isnan(x) & (int)!dtl__f8e4m3_isnan(y) & (int)(dtl__f8_order(x) > dtl__f8_order(y));
 }
 static inline bool dtl__f8e5m2_gt(uint8_t x, uint8_t y) {
-  return !dtl__f8e5m2_isnan(x) & !dtl__f8e5m2_isnan(y) & (dtl__f8_order(x) > dtl__f8_order(y));
+  return (int)!dtl__f8e5m2_isnan(x) & (int)!dtl__f8e5m2_isnan(y) & (int)(dtl__f8_order(x) > dtl__f8_order(y));
 }
 
 #endif

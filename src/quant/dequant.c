@@ -259,7 +259,7 @@ static void dtl__tile_awq(const dtl__int4_ctx *k, int64_t grow0, int64_t r0, int
       for (int64_t i = ib; i < i_end; i++) {
         int64_t gr = grow0 + r0 + i;
         int sh = 4 * dtl__awq_nibble[gr % 8];
-        const uint32_t *wrow = buf[gr / 8 - w0] - cb;
+        const uint32_t *wrow = buf[gr / 8 - w0]; /* channel c at wrow[c - cb] */
         float *orow = out + i * ldo;
         for (int64_t c = cb; c < c_end;) {
           int64_t gi = (k->gcol0 + c) / k->group, end = (gi + 1) * k->group - k->gcol0;
@@ -267,8 +267,8 @@ static void dtl__tile_awq(const dtl__int4_ctx *k, int64_t grow0, int64_t r0, int
           float v;
           int zero;
           dtl__int4_group(k, gi, gr, &v, &zero);
-          for (; c + 16 <= end; c += 16) dtl__awq_run16(wrow + c, sh, zero, v, orow + c - c0);
-          for (; c < end; c++) orow[c - c0] = (float)((int)((wrow[c] >> sh) & 15u) - zero) * v;
+          for (; c + 16 <= end; c += 16) dtl__awq_run16(wrow + (c - cb), sh, zero, v, orow + (c - c0));
+          for (; c < end; c++) orow[c - c0] = (float)((int)((wrow[c - cb] >> sh) & 15u) - zero) * v;
         }
       }
     }
